@@ -1,0 +1,137 @@
+//! What a worker has: its host facts and its accelerators.
+
+use crate::SpecError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// A kind of compute a job can ask for.
+///
+/// `Cpu` and `Any` are satisfied by every worker: every machine has a CPU, and `Any` means
+/// "I do not care". `Cuda` and `Mps` need a device of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accelerator {
+    Cpu,
+    Cuda,
+    Mps,
+    Any,
+}
+
+impl Accelerator {
+    pub const ALL: [Accelerator; 4] = [Self::Cpu, Self::Cuda, Self::Mps, Self::Any];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Mps => "mps",
+            Self::Any => "any",
+        }
+    }
+
+    /// The device kind a job with this accelerator needs, if any.
+    pub fn needs_device(self) -> bool {
+        matches!(self, Self::Cuda | Self::Mps)
+    }
+}
+
+impl fmt::Display for Accelerator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Accelerator {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| SpecError::UnknownAccelerator(s.to_string()))
+    }
+}
+
+/// One accelerator device a worker found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    pub kind: Accelerator,
+    /// Index as the framework numbers it (`cuda:0`), 0 for single-device kinds like `mps`.
+    pub index: u32,
+    /// Human name, such as `NVIDIA H200` or `Apple M2 Max`.
+    pub name: String,
+    pub memory_bytes: Option<u64>,
+}
+
+/// What a worker reports about itself when it registers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub hostname: String,
+    pub os: String,
+    pub arch: String,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub devices: Vec<Device>,
+}
+
+impl Inventory {
+    /// How many devices of this kind the worker has.
+    pub fn count(&self, kind: Accelerator) -> usize {
+        self.devices.iter().filter(|d| d.kind == kind).count()
+    }
+
+    /// The accelerator kinds whose jobs this worker could run at all.
+    pub fn runnable_accelerators(&self) -> Vec<Accelerator> {
+        Accelerator::ALL
+            .into_iter()
+            .filter(|a| !a.needs_device() || self.count(*a) > 0)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inventory(devices: &[Accelerator]) -> Inventory {
+        Inventory {
+            hostname: "h".into(),
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            cpus: 2,
+            memory_bytes: 1 << 30,
+            devices: devices
+                .iter()
+                .enumerate()
+                .map(|(i, k)| Device {
+                    kind: *k,
+                    index: i as u32,
+                    name: "d".into(),
+                    memory_bytes: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn runnable_accelerators_follow_the_devices() {
+        use Accelerator::*;
+        let cases: &[(&[Accelerator], &[Accelerator])] = &[
+            (&[], &[Cpu, Any]),
+            (&[Cuda, Cuda], &[Cpu, Cuda, Any]),
+            (&[Mps], &[Cpu, Mps, Any]),
+        ];
+        for (devices, expect) in cases {
+            assert_eq!(inventory(devices).runnable_accelerators(), expect.to_vec(), "{devices:?}");
+        }
+    }
+
+    #[test]
+    fn accelerator_names_parse_case_insensitively_and_reject_the_rest() {
+        assert_eq!("CUDA".parse::<Accelerator>().unwrap(), Accelerator::Cuda);
+        assert_eq!(
+            "tpu".parse::<Accelerator>().unwrap_err().to_string(),
+            "unknown accelerator 'tpu': use one of cpu, cuda, mps, any"
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! The GPUlayer domain: ids, job specs, worker inventories and the job/task state machine.
+//!
+//! Everything here is plain data with `parse` constructors, so a value that exists is valid.
+//! No I/O, no async runtime: the scheduler and every other crate build on these types.
+//!
+//! # Layout
+//! - [`ids`]: typed ids for jobs, tasks, workers and attempts.
+//! - [`spec`]: what a user asks for (`JobSpec` and its parts).
+//! - [`inventory`]: what a worker has (`Inventory`, `Accelerator`).
+//! - [`state`]: job and task states and which transitions are legal.
+
+pub mod ids;
+pub mod inventory;
+pub mod spec;
+pub mod state;
+
+pub use ids::{Attempt, JobId, TaskId, WorkerId};
+pub use inventory::{Accelerator, Device, Inventory};
+pub use spec::{Command, Digest, EnvVar, JobName, JobSpec, OutputGlob, SourceRef, SpecError};
+pub use state::{JobState, TaskState};

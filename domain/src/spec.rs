@@ -1,0 +1,345 @@
+//! What a user asks for: the command, where its source comes from, what to bring back.
+
+use crate::Accelerator;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Everything a user can get wrong in a job spec, each with a message that says how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("no command given: put the command after `--`, e.g. `gpulayer submit -- python3 train.py`")]
+    EmptyCommand,
+    #[error("the command's first word is empty")]
+    EmptyProgram,
+    #[error("unknown accelerator '{0}': use one of cpu, cuda, mps, any")]
+    UnknownAccelerator(String),
+    #[error("'{0}' is not KEY=VALUE (e.g. --env SEED=1)")]
+    EnvNotKeyValue(String),
+    #[error("'{0}' is not a valid environment variable name (letters, digits and _, not starting with a digit)")]
+    EnvBadName(String),
+    #[error("environment variable {0} is set by GPUlayer and cannot be overridden")]
+    EnvReserved(String),
+    #[error("output glob '{0}' must be a relative path inside the job's work directory (no leading / and no ..)")]
+    OutputNotRelative(String),
+    #[error("output glob is empty")]
+    OutputEmpty,
+    #[error("'{0}' is not a sha256 digest (64 lowercase hex characters)")]
+    BadDigest(String),
+    #[error("job name '{0}' is too long or has control characters (at most 128 printable characters)")]
+    BadName(String),
+    #[error("'{given}' is not a {what} id ({what} ids are numbers, as `gpulayer jobs` shows them)")]
+    BadId { what: &'static str, given: String },
+}
+
+/// A non-empty argv: program plus arguments, run without a shell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<String>", into = "Vec<String>")]
+pub struct Command(Vec<String>);
+
+impl Command {
+    pub fn parse(argv: Vec<String>) -> Result<Self, SpecError> {
+        match argv.first() {
+            None => Err(SpecError::EmptyCommand),
+            Some(p) if p.is_empty() => Err(SpecError::EmptyProgram),
+            Some(_) => Ok(Self(argv)),
+        }
+    }
+    pub fn program(&self) -> &str {
+        &self.0[0]
+    }
+    pub fn args(&self) -> &[String] {
+        &self.0[1..]
+    }
+    pub fn argv(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl TryFrom<Vec<String>> for Command {
+    type Error = SpecError;
+    fn try_from(v: Vec<String>) -> Result<Self, SpecError> {
+        Self::parse(v)
+    }
+}
+
+impl From<Command> for Vec<String> {
+    fn from(c: Command) -> Self {
+        c.0
+    }
+}
+
+impl fmt::Display for Command {
+    /// Shell-like rendering for people: words with spaces or quotes are single-quoted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, word) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            let plain = !word.is_empty()
+                && word
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+            if plain {
+                f.write_str(word)?;
+            } else {
+                write!(f, "'{}'", word.replace('\'', r"'\''"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Variables GPUlayer sets itself; a job may read them but not set them.
+pub const RESERVED_ENV: &[&str] = &["GPULAYER_JOB_ID", "GPULAYER_OUTPUT_DIR", "GPULAYER_TASK_ID", "GPULAYER_ATTEMPT"];
+
+/// One `KEY=VALUE` for the job's environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "EnvVarWire", into = "EnvVarWire")]
+pub struct EnvVar {
+    name: String,
+    value: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EnvVarWire {
+    name: String,
+    value: String,
+}
+
+impl TryFrom<EnvVarWire> for EnvVar {
+    type Error = SpecError;
+    fn try_from(w: EnvVarWire) -> Result<Self, SpecError> {
+        Self::new(w.name, w.value)
+    }
+}
+
+impl From<EnvVar> for EnvVarWire {
+    fn from(e: EnvVar) -> Self {
+        Self {
+            name: e.name,
+            value: e.value,
+        }
+    }
+}
+
+impl EnvVar {
+    pub fn new(name: String, value: String) -> Result<Self, SpecError> {
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(SpecError::EnvBadName(name));
+        }
+        if RESERVED_ENV.contains(&name.as_str()) {
+            return Err(SpecError::EnvReserved(name));
+        }
+        Ok(Self { name, value })
+    }
+
+    /// Parses `KEY=VALUE` as given on the command line.
+    pub fn parse(s: &str) -> Result<Self, SpecError> {
+        let (name, value) = s
+            .split_once('=')
+            .ok_or_else(|| SpecError::EnvNotKeyValue(s.to_string()))?;
+        Self::new(name.to_string(), value.to_string())
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+/// A glob of files to bring back, relative to the job's work directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct OutputGlob(String);
+
+impl OutputGlob {
+    pub fn parse(s: &str) -> Result<Self, SpecError> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err(SpecError::OutputEmpty);
+        }
+        if s.starts_with('/') || s.split(['/', '\\']).any(|part| part == "..") {
+            return Err(SpecError::OutputNotRelative(s.to_string()));
+        }
+        Ok(Self(s.trim_start_matches("./").to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for OutputGlob {
+    type Error = SpecError;
+    fn try_from(s: String) -> Result<Self, SpecError> {
+        Self::parse(&s)
+    }
+}
+
+impl From<OutputGlob> for String {
+    fn from(g: OutputGlob) -> Self {
+        g.0
+    }
+}
+
+/// A sha256 content digest, lowercase hex.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Digest(String);
+
+impl Digest {
+    pub fn parse(s: &str) -> Result<Self, SpecError> {
+        let ok = s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if ok {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(SpecError::BadDigest(s.to_string()))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// The first 12 characters, enough for people to tell sources apart.
+    pub fn short(&self) -> &str {
+        &self.0[..12]
+    }
+}
+
+impl TryFrom<String> for Digest {
+    type Error = SpecError;
+    fn try_from(s: String) -> Result<Self, SpecError> {
+        Self::parse(&s)
+    }
+}
+
+impl From<Digest> for String {
+    fn from(d: Digest) -> Self {
+        d.0
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A packed source directory stored in the object store under its digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRef {
+    pub digest: Digest,
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// A human label for a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct JobName(String);
+
+impl JobName {
+    pub fn parse(s: &str) -> Result<Self, SpecError> {
+        if s.is_empty() || s.chars().count() > 128 || s.chars().any(char::is_control) {
+            return Err(SpecError::BadName(s.to_string()));
+        }
+        Ok(Self(s.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for JobName {
+    type Error = SpecError;
+    fn try_from(s: String) -> Result<Self, SpecError> {
+        Self::parse(&s)
+    }
+}
+
+impl From<JobName> for String {
+    fn from(n: JobName) -> Self {
+        n.0
+    }
+}
+
+/// A command job as submitted. Deserializing one validates every part.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    #[serde(default)]
+    pub name: Option<JobName>,
+    pub command: Command,
+    pub accelerator: Accelerator,
+    #[serde(default)]
+    pub source: Option<SourceRef>,
+    #[serde(default)]
+    pub outputs: Vec<OutputGlob>,
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn commands_need_a_program() {
+        assert_eq!(Command::parse(vec![]), Err(SpecError::EmptyCommand));
+        assert_eq!(Command::parse(argv(&[""])), Err(SpecError::EmptyProgram));
+        let c = Command::parse(argv(&["python3", "-c", "print('hi there')"])).unwrap();
+        assert_eq!(c.program(), "python3");
+        assert_eq!(c.to_string(), r#"python3 -c 'print('\''hi there'\'')'"#);
+    }
+
+    #[test]
+    fn env_vars_parse_or_say_why_not() {
+        let cases: &[(&str, Result<(&str, &str), SpecError>)] = &[
+            ("SEED=1", Ok(("SEED", "1"))),
+            ("A_B=x=y", Ok(("A_B", "x=y"))),
+            ("EMPTY=", Ok(("EMPTY", ""))),
+            ("NOEQUALS", Err(SpecError::EnvNotKeyValue("NOEQUALS".into()))),
+            ("1X=2", Err(SpecError::EnvBadName("1X".into()))),
+            ("A-B=2", Err(SpecError::EnvBadName("A-B".into()))),
+            ("GPULAYER_JOB_ID=3", Err(SpecError::EnvReserved("GPULAYER_JOB_ID".into()))),
+        ];
+        for (input, expect) in cases {
+            let got = EnvVar::parse(input).map(|e| (e.name().to_string(), e.value().to_string()));
+            let expect = expect.clone().map(|(n, v)| (n.to_string(), v.to_string()));
+            assert_eq!(got, expect, "{input}");
+        }
+    }
+
+    #[test]
+    fn output_globs_stay_inside_the_work_directory() {
+        assert_eq!(OutputGlob::parse("./out/*.pt").unwrap().as_str(), "out/*.pt");
+        assert!(OutputGlob::parse("/etc/passwd").is_err());
+        assert!(OutputGlob::parse("a/../../b").is_err());
+        assert!(OutputGlob::parse("  ").is_err());
+    }
+
+    #[test]
+    fn digests_are_64_lowercase_hex() {
+        let d = "a".repeat(64);
+        assert_eq!(Digest::parse(&d).unwrap().short(), "aaaaaaaaaaaa");
+        assert!(Digest::parse(&"A".repeat(64)).is_err());
+        assert!(Digest::parse("abc").is_err());
+    }
+
+    #[test]
+    fn a_spec_that_fails_validation_does_not_deserialize() {
+        let bad = r#"{"command": [], "accelerator": "cpu"}"#;
+        let err = serde_json::from_str::<JobSpec>(bad).unwrap_err().to_string();
+        assert!(err.contains("no command given"), "{err}");
+        let good = r#"{"command": ["true"], "accelerator": "any", "env": [{"name": "A", "value": "1"}]}"#;
+        let spec: JobSpec = serde_json::from_str(good).unwrap();
+        assert_eq!(spec.env[0].value(), "1");
+    }
+}

@@ -1,0 +1,67 @@
+//! Jobs as clients submit and see them.
+
+use chrono::{DateTime, Utc};
+use domain::{Accelerator, JobId, JobSpec, JobState, SourceRef, WorkerId};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/jobs` body.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SubmitRequest {
+    /// The job spec: `command` (argv, non-empty), `accelerator` (cpu|cuda|mps|any), optional
+    /// `name`, `source` (a blob uploaded first), `outputs` (globs) and `env` ({name, value}).
+    #[schema(value_type = Object)]
+    pub spec: JobSpec,
+}
+
+/// A worker as a job refers to it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WorkerRef {
+    #[schema(value_type = i64)]
+    pub id: WorkerId,
+    pub name: String,
+}
+
+/// A job as `status`, `jobs` and the dashboard show it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobView {
+    #[schema(value_type = i64)]
+    pub id: JobId,
+    pub name: Option<String>,
+    #[schema(value_type = String, example = "running")]
+    pub state: JobState,
+    #[schema(value_type = String, example = "cuda")]
+    pub accelerator: Accelerator,
+    pub command: Vec<String>,
+    #[schema(value_type = Option<Object>)]
+    pub source: Option<SourceRef>,
+    pub outputs: Vec<String>,
+    pub worker: Option<WorkerRef>,
+    pub attempt: i32,
+    pub exit_code: Option<i32>,
+    /// Why the job ended as it did (or why it is still waiting), in words.
+    pub reason: Option<String>,
+    /// The name of the token that submitted it.
+    pub submitted_by: Option<String>,
+    /// Size of the packed outputs once uploaded.
+    pub outputs_bytes: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub assigned_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /v1/jobs` response, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}
+
+/// `POST /v1/jobs/{id}/cancel` response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CancelResponse {
+    pub job: JobView,
+    /// The state the job was in when the cancel arrived.
+    #[schema(value_type = String)]
+    pub previous_state: JobState,
+}

@@ -1,0 +1,114 @@
+//! Log lines: appended by workers in idempotent batches, read by clients with per-attempt
+//! cursors so a follower never skips or repeats a line.
+
+use crate::wakeups::{Channel, notify};
+use crate::{Result, Store, StoreError};
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+/// One stored line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredLine {
+    pub task_id: i64,
+    pub attempt: i32,
+    pub seq: i64,
+    pub stream: i16,
+    pub text: String,
+    pub at: DateTime<Utc>,
+}
+
+/// How far a reader has got in one attempt's lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogCursor {
+    pub task_id: i64,
+    pub attempt: i32,
+    pub seq: i64,
+}
+
+/// PostgreSQL text cannot hold NUL; a process may print one.
+fn storable(text: &str) -> String {
+    text.replace('\0', "\u{FFFD}")
+}
+
+impl Store {
+    /// Appends lines for `(task, attempt)`; lines already stored (same seq) are skipped, so a
+    /// retried batch is harmless. Lines from a worker that lost the task are refused.
+    pub async fn append_logs(
+        &self,
+        worker_id: i64,
+        task_id: i64,
+        attempt: i32,
+        lines: &[(i64, i16, String)],
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        // Lines of a cancelled task are still kept: they are what the process printed
+        // before the stop order reached it.
+        let job_id: Option<i64> = sqlx::query_scalar(
+            "SELECT job_id FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
+             AND state IN ('assigned', 'running', 'cancelled')",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(worker_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(job_id) = job_id else {
+            return Err(StoreError::LeaseLost { task: task_id, attempt });
+        };
+        let seqs: Vec<i64> = lines.iter().map(|l| l.0).collect();
+        let streams: Vec<i16> = lines.iter().map(|l| l.1).collect();
+        let texts: Vec<String> = lines.iter().map(|l| storable(&l.2)).collect();
+        sqlx::query(
+            "INSERT INTO logs (task_id, attempt, seq, job_id, stream, text)
+             SELECT $1, $2, l.seq, $3, l.stream, l.text
+             FROM unnest($4::bigint[], $5::smallint[], $6::text[]) AS l(seq, stream, text)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(job_id)
+        .bind(&seqs)
+        .bind(&streams)
+        .bind(&texts)
+        .execute(&mut *tx)
+        .await?;
+        notify(&mut tx, Channel::Logs, Some(job_id)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Lines of a job past the given cursors (attempts without a cursor from their start),
+    /// in (task, attempt, seq) order.
+    pub async fn read_logs(&self, job_id: i64, after: &[LogCursor], limit: i64) -> Result<Vec<StoredLine>> {
+        let tasks: Vec<i64> = after.iter().map(|c| c.task_id).collect();
+        let attempts: Vec<i32> = after.iter().map(|c| c.attempt).collect();
+        let seqs: Vec<i64> = after.iter().map(|c| c.seq).collect();
+        let rows = sqlx::query(
+            "SELECT l.task_id, l.attempt, l.seq, l.stream, l.text, l.at
+             FROM logs l
+             LEFT JOIN unnest($2::bigint[], $3::int[], $4::bigint[]) AS c(task_id, attempt, seq)
+               ON c.task_id = l.task_id AND c.attempt = l.attempt
+             WHERE l.job_id = $1 AND l.seq > coalesce(c.seq, -1)
+             ORDER BY l.task_id, l.attempt, l.seq
+             LIMIT $5",
+        )
+        .bind(job_id)
+        .bind(&tasks)
+        .bind(&attempts)
+        .bind(&seqs)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| StoredLine {
+                task_id: r.get("task_id"),
+                attempt: r.get("attempt"),
+                seq: r.get("seq"),
+                stream: r.get("stream"),
+                text: r.get("text"),
+                at: r.get("at"),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,286 @@
+//! The queue: claim a batch of tasks for a worker, start them, complete them, and tell a
+//! worker which of its tasks it must stop.
+//!
+//! Claim and assignment happen in one transaction: a task is never "taken" without being
+//! assigned, so a crash at any point leaves it either pending or assigned, never lost.
+
+use crate::wakeups::{Channel, notify};
+use crate::{Result, Store, StoreError, record_event};
+use domain::{Accelerator, JobSpec};
+use sqlx::Row;
+
+/// How many candidates the claim reads per free slot. The store filters by accelerator kind;
+/// the scheduler may still turn a candidate down (e.g. too few devices), so read a few extra
+/// rather than come back empty while fitting work waits behind unfit work.
+const CANDIDATES_PER_SLOT: i64 = 4;
+
+/// A task just assigned to the claiming worker.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub job_id: i64,
+    pub task_id: i64,
+    pub attempt: i32,
+    pub spec: JobSpec,
+}
+
+/// How a task ended, as its worker reports it.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+}
+
+/// Whether a running task must stop, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Cancelled,
+    LeaseLost,
+}
+
+impl Store {
+    /// Claims up to `free_slots` pending tasks whose accelerator this worker offers and that
+    /// `fits` accepts, assigning them to `worker_id` in the same transaction.
+    pub async fn claim_batch(
+        &self,
+        worker_id: i64,
+        accelerators: &[Accelerator],
+        free_slots: u32,
+        mut fits: impl FnMut(&JobSpec) -> bool,
+    ) -> Result<Vec<Claimed>> {
+        if free_slots == 0 {
+            return Ok(vec![]);
+        }
+        let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
+        let mut tx = self.begin().await?;
+        // A worker declared lost must not take new work: its lease is gone.
+        let online: Option<String> = sqlx::query_scalar("SELECT state FROM workers WHERE id = $1 FOR SHARE")
+            .bind(worker_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if online.as_deref() != Some("online") {
+            return Err(StoreError::WorkerLost(worker_id));
+        }
+        // The CTE fences the LIMIT: without it the planner may evaluate the locking subquery
+        // more than once and lock more rows than asked for.
+        let rows = sqlx::query(
+            "WITH c AS (
+                 SELECT id FROM tasks
+                 WHERE state = 'pending' AND accelerator = ANY($1)
+                 ORDER BY priority DESC, id
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED
+             )
+             SELECT t.id, t.job_id, t.attempt, j.spec
+             FROM c JOIN tasks t ON t.id = c.id JOIN jobs j ON j.id = t.job_id
+             ORDER BY t.priority DESC, t.id",
+        )
+        .bind(&kinds)
+        .bind(i64::from(free_slots) * CANDIDATES_PER_SLOT)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut chosen: Vec<Claimed> = Vec::new();
+        for r in rows {
+            if chosen.len() as u32 >= free_slots {
+                break;
+            }
+            let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
+            if fits(&spec.0) {
+                chosen.push(Claimed {
+                    job_id: r.get("job_id"),
+                    task_id: r.get("id"),
+                    attempt: r.get::<i32, _>("attempt") + 1,
+                    spec: spec.0,
+                });
+            }
+        }
+        if chosen.is_empty() {
+            tx.rollback().await?;
+            return Ok(chosen);
+        }
+        let task_ids: Vec<i64> = chosen.iter().map(|c| c.task_id).collect();
+        let job_ids: Vec<i64> = chosen.iter().map(|c| c.job_id).collect();
+        sqlx::query(
+            "UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = attempt + 1, assigned_at = now(),
+                              started_at = NULL, exit_code = NULL, reason = NULL
+             WHERE id = ANY($2)",
+        )
+        .bind(worker_id)
+        .bind(&task_ids)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE jobs SET state = 'assigned' WHERE id = ANY($1) AND state = 'pending'")
+            .bind(&job_ids)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO events (job_id, worker_id, kind) SELECT unnest($1::bigint[]), $2, 'assigned'")
+            .bind(&job_ids)
+            .bind(worker_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(chosen)
+    }
+
+    /// The worker started the task's process.
+    pub async fn mark_running(&self, worker_id: i64, task_id: i64, attempt: i32) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let job_id: Option<i64> = sqlx::query_scalar(
+            "UPDATE tasks SET state = 'running', started_at = now()
+             WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'assigned'
+             RETURNING job_id",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(worker_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(job_id) = job_id else {
+            return Err(StoreError::LeaseLost { task: task_id, attempt });
+        };
+        sqlx::query("UPDATE jobs SET state = 'running' WHERE id = $1 AND state IN ('pending', 'assigned')")
+            .bind(job_id)
+            .execute(&mut *tx)
+            .await?;
+        record_event(&mut tx, Some(job_id), Some(worker_id), "running", None).await?;
+        notify(&mut tx, Channel::Job, Some(job_id)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records how the task ended and finishes its job. Repeating the same completion (a
+    /// retried request) is a no-op; completing a task that was cancelled keeps it cancelled.
+    pub async fn complete_task(
+        &self,
+        worker_id: i64,
+        task_id: i64,
+        attempt: i32,
+        done: &Completion,
+    ) -> Result<()> {
+        let succeeded = done.exit_code == Some(0) && done.error.is_none();
+        let state = if succeeded { "succeeded" } else { "failed" };
+        let reason = match (&done.error, done.exit_code) {
+            (Some(e), _) => Some(e.clone()),
+            (None, Some(0)) => None,
+            (None, Some(code)) if code > 128 => Some(format!("killed by signal {}", code - 128)),
+            (None, Some(code)) => Some(format!("exited with code {code}")),
+            (None, None) => Some("ended without an exit code".to_string()),
+        };
+        let mut tx = self.begin().await?;
+        let job_id: Option<i64> = sqlx::query_scalar(
+            "UPDATE tasks SET state = $4, exit_code = $5, reason = $6, finished_at = now()
+             WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
+             RETURNING job_id",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(worker_id)
+        .bind(state)
+        .bind(done.exit_code)
+        .bind(&reason)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(job_id) = job_id else {
+            // Already finished by this very attempt (a retry), or cancelled meanwhile: fine.
+            let finished: Option<String> = sqlx::query_scalar(
+                "SELECT state FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
+                 AND state IN ('succeeded', 'failed', 'cancelled')",
+            )
+            .bind(task_id)
+            .bind(attempt)
+            .bind(worker_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if finished.is_some() {
+                sqlx::query("UPDATE tasks SET exit_code = coalesce(exit_code, $3) WHERE id = $1 AND attempt = $2")
+                    .bind(task_id)
+                    .bind(attempt)
+                    .bind(done.exit_code)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                return Ok(());
+            }
+            return Err(StoreError::LeaseLost { task: task_id, attempt });
+        };
+        sqlx::query(
+            "UPDATE jobs SET state = $2, exit_code = $3, reason = $4, finished_at = now()
+             WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+        )
+        .bind(job_id)
+        .bind(state)
+        .bind(done.exit_code)
+        .bind(&reason)
+        .execute(&mut *tx)
+        .await?;
+        record_event(&mut tx, Some(job_id), Some(worker_id), state, reason.as_deref()).await?;
+        notify(&mut tx, Channel::Job, Some(job_id)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Checks that the task is still this worker's current attempt (for uploads).
+    pub async fn check_lease(&self, worker_id: i64, task_id: i64, attempt: i32) -> Result<i64> {
+        sqlx::query_scalar(
+            "SELECT job_id FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
+             AND state IN ('assigned', 'running', 'cancelled')",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(worker_id)
+        .fetch_optional(self.pool())
+        .await?
+        .ok_or(StoreError::LeaseLost { task: task_id, attempt })
+    }
+
+    /// Records where the task's packed outputs were stored.
+    pub async fn set_outputs(&self, worker_id: i64, task_id: i64, attempt: i32, key: &str, bytes: i64) -> Result<()> {
+        let updated = sqlx::query(
+            "UPDATE tasks SET outputs_key = $4, outputs_bytes = $5
+             WHERE id = $1 AND attempt = $2 AND worker_id = $3",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(worker_id)
+        .bind(key)
+        .bind(bytes)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            return Err(StoreError::LeaseLost { task: task_id, attempt });
+        }
+        Ok(())
+    }
+
+    /// Of the tasks a worker says it runs, those it must stop: cancelled ones, and ones that
+    /// are no longer its current attempt.
+    pub async fn stop_orders(&self, worker_id: i64, running: &[(i64, i32)]) -> Result<Vec<(i64, i32, StopReason)>> {
+        if running.is_empty() {
+            return Ok(vec![]);
+        }
+        let tasks: Vec<i64> = running.iter().map(|r| r.0).collect();
+        let attempts: Vec<i32> = running.iter().map(|r| r.1).collect();
+        let rows = sqlx::query(
+            "SELECT r.task, r.attempt, t.state, (t.attempt = r.attempt AND t.worker_id = $3) AS mine
+             FROM unnest($1::bigint[], $2::int[]) AS r(task, attempt)
+             LEFT JOIN tasks t ON t.id = r.task",
+        )
+        .bind(&tasks)
+        .bind(&attempts)
+        .bind(worker_id)
+        .fetch_all(self.pool())
+        .await?;
+        let mut out = Vec::new();
+        for r in rows {
+            let state: Option<String> = r.get("state");
+            let mine: Option<bool> = r.get("mine");
+            let why = match (state.as_deref(), mine) {
+                (Some("assigned" | "running"), Some(true)) => continue,
+                (Some("cancelled"), Some(true)) => StopReason::Cancelled,
+                _ => StopReason::LeaseLost,
+            };
+            out.push((r.get("task"), r.get("attempt"), why));
+        }
+        Ok(out)
+    }
+}

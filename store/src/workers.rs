@@ -1,0 +1,210 @@
+//! Workers: registration, heartbeats, listing, and the rescue of workers that went silent.
+
+use crate::wakeups::{Channel, notify};
+use crate::{Result, Store, StoreError, record_event};
+use chrono::{DateTime, Utc};
+use domain::Inventory;
+use sqlx::Row;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub struct NewWorker<'a> {
+    pub name: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub slots: u32,
+    pub inventory: &'a Inventory,
+    pub version: &'a str,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerRow {
+    pub id: i64,
+    pub name: String,
+    pub state: String,
+    pub labels: BTreeMap<String, String>,
+    pub slots: u32,
+    pub busy_slots: u32,
+    pub inventory: Inventory,
+    pub version: String,
+    pub last_seen: Option<DateTime<Utc>>,
+    pub registered_at: DateTime<Utc>,
+}
+
+/// A worker the rescue sweep declared lost, and the tasks it took down with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostWorker {
+    pub id: i64,
+    pub name: String,
+    pub failed_jobs: Vec<i64>,
+}
+
+impl Store {
+    pub async fn register_worker(&self, w: NewWorker<'_>) -> Result<i64> {
+        let mut tx = self.begin().await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO workers (name, labels, inventory, slots, state, version)
+             VALUES ($1, $2, $3, $4, 'online', $5) RETURNING id",
+        )
+        .bind(w.name)
+        .bind(sqlx::types::Json(w.labels))
+        .bind(sqlx::types::Json(w.inventory))
+        .bind(w.slots as i32)
+        .bind(w.version)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO worker_heartbeats (worker_id, last_seen) VALUES ($1, now())")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        record_event(&mut tx, None, Some(id), "worker_joined", Some(w.name)).await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Records that the worker is alive. Fails with `WorkerLost` once it was declared lost.
+    pub async fn heartbeat(&self, worker_id: i64) -> Result<()> {
+        let touched = sqlx::query(
+            "UPDATE worker_heartbeats h SET last_seen = now()
+             FROM workers w
+             WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online'",
+        )
+        .bind(worker_id)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if touched == 0 {
+            return Err(StoreError::WorkerLost(worker_id));
+        }
+        Ok(())
+    }
+
+    /// A worker leaving on purpose: its unfinished tasks fail with `reason` at once.
+    pub async fn deregister_worker(&self, worker_id: i64, reason: &str) -> Result<()> {
+        let mut tx = self.begin().await?;
+        sqlx::query("UPDATE workers SET state = 'stopped', lost_at = now(), lost_reason = $2 WHERE id = $1 AND state = 'online'")
+            .bind(worker_id)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?;
+        fail_tasks_of_workers(&mut tx, &[worker_id], &[reason.to_string()]).await?;
+        record_event(&mut tx, None, Some(worker_id), "worker_stopped", Some(reason)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Declares every online worker silent for longer than `lease` lost and fails its
+    /// unfinished tasks. Run by the leader only.
+    pub async fn rescue_lost_workers(&self, lease: Duration) -> Result<Vec<LostWorker>> {
+        let mut tx = self.begin().await?;
+        let rows = sqlx::query(
+            "UPDATE workers w
+             SET state = 'lost', lost_at = now(),
+                 lost_reason = format('no heartbeat for %s s', floor(extract(epoch FROM now() - h.last_seen)))
+             FROM worker_heartbeats h
+             WHERE h.worker_id = w.id AND w.state = 'online'
+               AND h.last_seen < now() - make_interval(secs => $1)
+             RETURNING w.id, w.name, w.lost_reason",
+        )
+        .bind(lease.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            return Ok(vec![]);
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
+        let reasons: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "worker {} lost: {}",
+                    r.get::<String, _>("name"),
+                    r.get::<String, _>("lost_reason")
+                )
+            })
+            .collect();
+        let failed = fail_tasks_of_workers(&mut tx, &ids, &reasons).await?;
+        for (id, reason) in ids.iter().zip(&reasons) {
+            record_event(&mut tx, None, Some(*id), "worker_lost", Some(reason)).await?;
+        }
+        tx.commit().await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let id: i64 = r.get("id");
+                LostWorker {
+                    id,
+                    name: r.get("name"),
+                    failed_jobs: failed.iter().filter(|(w, _)| *w == id).map(|(_, j)| *j).collect(),
+                }
+            })
+            .collect())
+    }
+
+    /// Every worker, online first, with how many tasks each runs now.
+    pub async fn list_workers(&self) -> Result<Vec<WorkerRow>> {
+        let rows = sqlx::query(
+            "SELECT w.id, w.name, w.state, w.labels, w.slots, w.inventory, w.version,
+                    w.registered_at, h.last_seen,
+                    (SELECT count(*) FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy
+             FROM workers w LEFT JOIN worker_heartbeats h ON h.worker_id = w.id
+             ORDER BY (w.state = 'online') DESC, w.id DESC
+             LIMIT 1000",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                let labels: sqlx::types::Json<BTreeMap<String, String>> = r.get("labels");
+                let inventory: sqlx::types::Json<Inventory> = r.get("inventory");
+                Ok(WorkerRow {
+                    id: r.get("id"),
+                    name: r.get("name"),
+                    state: r.get("state"),
+                    labels: labels.0,
+                    slots: r.get::<i32, _>("slots") as u32,
+                    busy_slots: r.get::<i64, _>("busy") as u32,
+                    inventory: inventory.0,
+                    version: r.get("version"),
+                    last_seen: r.get("last_seen"),
+                    registered_at: r.get("registered_at"),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Fails the unfinished tasks (and their jobs) of `workers`, the i-th with `reasons[i]`.
+/// Returns (worker, job) pairs. Retrying them instead is the queue issue's to add.
+async fn fail_tasks_of_workers(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    workers: &[i64],
+    reasons: &[String],
+) -> Result<Vec<(i64, i64)>> {
+    let rows = sqlx::query(
+        "WITH r AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS r(worker_id, reason)),
+         t AS (
+             UPDATE tasks SET state = 'failed', reason = r.reason, finished_at = now()
+             FROM r WHERE tasks.worker_id = r.worker_id AND tasks.state IN ('assigned', 'running')
+             RETURNING tasks.job_id, tasks.worker_id, r.reason
+         ),
+         j AS (
+             UPDATE jobs SET state = 'failed', reason = t.reason, finished_at = now()
+             FROM t WHERE jobs.id = t.job_id AND jobs.state NOT IN ('succeeded', 'failed', 'cancelled')
+             RETURNING jobs.id
+         )
+         SELECT t.worker_id, t.job_id, t.reason FROM t",
+    )
+    .bind(workers)
+    .bind(reasons)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut out = Vec::new();
+    for r in &rows {
+        let job: i64 = r.get("job_id");
+        let reason: String = r.get("reason");
+        record_event(tx, Some(job), Some(r.get("worker_id")), "failed", Some(&reason)).await?;
+        notify(tx, Channel::Job, Some(job)).await?;
+        out.push((r.get("worker_id"), job));
+    }
+    Ok(out)
+}

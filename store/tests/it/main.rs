@@ -1,0 +1,3 @@
+//! Store tests against a real PostgreSQL: one fresh database per test.
+
+mod queue;
