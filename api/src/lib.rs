@@ -1,1 +1,28 @@
-//! placeholder
+//! The API replica: REST under `/v1`, websocket log streaming, the worker channel, and the
+//! leader's sweeps. Replicas are stateless: all state is in PostgreSQL and the object store,
+//! so any replica serves any request and any number can run side by side.
+//!
+//! # Layout
+//! - [`server`]: configuration, the router and `serve`.
+//! - [`auth`]: bearer tokens to callers with roles; minting secrets.
+//! - [`error`]: `ApiError`, the one error type, with its status and stable code.
+//! - [`jobs`]: submit, list, status, cancel, logs (page and websocket), outputs download.
+//! - [`blobs`]: content-addressed source uploads and downloads.
+//! - [`worker_channel`]: register, long poll, heartbeat, started, logs, outputs, complete.
+//! - [`hub`]: one LISTEN connection per replica fanned out to waiting requests.
+//! - [`sweeper`]: the leader election loop and the rescue of lost workers.
+//! - [`openapi`]: the generated OpenAPI document.
+
+pub mod auth;
+pub mod blobs;
+pub mod error;
+pub mod hub;
+pub mod jobs;
+pub mod openapi;
+pub mod server;
+pub mod sweeper;
+pub mod worker_channel;
+
+pub use auth::{Caller, mint_secret};
+pub use error::ApiError;
+pub use server::{AppState, ServerConfig, serve};

@@ -61,7 +61,7 @@ pub fn list_source_files(dir: &Path) -> Result<Vec<PathBuf>, ArchiveError> {
 }
 
 /// Fails with NotFound / NotADirectory / Unreadable unless `dir` is a directory we can stat.
-pub(crate) fn check_is_dir(dir: &Path) -> Result<(), ArchiveError> {
+fn check_is_dir(dir: &Path) -> Result<(), ArchiveError> {
     match fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => Ok(()),
         Ok(_) => Err(ArchiveError::NotADirectory(dir.to_path_buf())),

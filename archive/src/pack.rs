@@ -10,7 +10,7 @@ use sha2::{Digest as _, Sha256};
 use tar::{EntryType, Header};
 
 use crate::error::ArchiveError;
-use crate::list::{check_is_dir, list_source_files};
+use crate::list::list_source_files;
 use crate::paths::{bytewise, clean_relative, symlink_stays_inside};
 
 /// What a pack produced.
@@ -41,7 +41,7 @@ pub fn pack_dir(
     out: impl Write,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<PackSummary, ArchiveError> {
-    check_is_dir(dir)?;
+    // list_source_files reports a missing or non-directory `dir`.
     let items = list_source_files(dir)?
         .into_iter()
         .map(|relative| Item {
@@ -66,8 +66,8 @@ pub fn pack_files(
 ) -> Result<PackSummary, ArchiveError> {
     let mut items = Vec::with_capacity(files.len());
     for (disk, inside) in files {
-        let name =
-            clean_relative(inside).ok_or_else(|| ArchiveError::InvalidArchivePath(inside.clone()))?;
+        let name = clean_relative(inside)
+            .ok_or_else(|| ArchiveError::InvalidArchivePath(inside.clone()))?;
         match fs::symlink_metadata(disk) {
             Ok(meta) if meta.is_dir() => continue,
             Ok(_) => {}

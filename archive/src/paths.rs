@@ -82,7 +82,10 @@ mod tests {
 
     #[test]
     fn clean_relative_drops_dots_and_refuses_escapes() {
-        assert_eq!(clean_relative(Path::new("./a/./b")), Some(PathBuf::from("a/b")));
+        assert_eq!(
+            clean_relative(Path::new("./a/./b")),
+            Some(PathBuf::from("a/b"))
+        );
         assert_eq!(clean_relative(Path::new("../evil")), None);
         assert_eq!(clean_relative(Path::new("a/../../evil")), None);
         assert_eq!(clean_relative(Path::new("/etc/passwd")), None);
@@ -92,19 +95,43 @@ mod tests {
 
     #[test]
     fn symlinks_may_climb_only_as_far_as_the_root() {
-        assert!(symlink_stays_inside(Path::new("lib.so"), Path::new("lib.so.1")));
-        assert!(symlink_stays_inside(Path::new("a/b/link"), Path::new("../../top")));
-        assert!(symlink_stays_inside(Path::new("a/link"), Path::new("./../x/y")));
-        assert!(!symlink_stays_inside(Path::new("link"), Path::new("../outside")));
-        assert!(!symlink_stays_inside(Path::new("a/link"), Path::new("../../outside")));
-        assert!(!symlink_stays_inside(Path::new("link"), Path::new("/etc/passwd")));
+        assert!(symlink_stays_inside(
+            Path::new("lib.so"),
+            Path::new("lib.so.1")
+        ));
+        assert!(symlink_stays_inside(
+            Path::new("a/b/link"),
+            Path::new("../../top")
+        ));
+        assert!(symlink_stays_inside(
+            Path::new("a/link"),
+            Path::new("./../x/y")
+        ));
+        assert!(!symlink_stays_inside(
+            Path::new("link"),
+            Path::new("../outside")
+        ));
+        assert!(!symlink_stays_inside(
+            Path::new("a/link"),
+            Path::new("../../outside")
+        ));
+        assert!(!symlink_stays_inside(
+            Path::new("link"),
+            Path::new("/etc/passwd")
+        ));
         assert!(!symlink_stays_inside(Path::new("link"), Path::new("")));
     }
 
     #[test]
     fn symlinks_may_not_climb_after_descending() {
         // `s/..` is only the root if `s` is a real directory; through a symlink it is anywhere.
-        assert!(!symlink_stays_inside(Path::new("a/b/link"), Path::new("s/..")));
-        assert!(!symlink_stays_inside(Path::new("a/b/link"), Path::new("../x/../y")));
+        assert!(!symlink_stays_inside(
+            Path::new("a/b/link"),
+            Path::new("s/..")
+        ));
+        assert!(!symlink_stays_inside(
+            Path::new("a/b/link"),
+            Path::new("../x/../y")
+        ));
     }
 }

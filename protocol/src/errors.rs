@@ -13,6 +13,8 @@ pub enum ErrorCode {
     BadRequest,
     Conflict,
     LeaseLost,
+    /// The worker was declared lost; it must register again.
+    WorkerLost,
     PayloadTooLarge,
     Internal,
     Unavailable,

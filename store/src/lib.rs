@@ -12,9 +12,11 @@
 //! - [`workers`]: registration, heartbeats, and the rescue of lost workers.
 //! - [`logs`]: appending and reading log lines.
 //! - [`tokens`]: bearer tokens, stored as sha256 only.
+//! - [`blobs`]: which content-addressed sources are stored.
 //! - [`wakeups`]: NOTIFY channels and the listener.
 //! - [`leader`]: the advisory-lock leader that runs sweeps.
 
+pub mod blobs;
 pub mod embedded;
 pub mod jobs;
 pub mod leader;

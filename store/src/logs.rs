@@ -99,16 +99,36 @@ impl Store {
         .bind(limit)
         .fetch_all(self.pool())
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| StoredLine {
-                task_id: r.get("task_id"),
-                attempt: r.get("attempt"),
-                seq: r.get("seq"),
-                stream: r.get("stream"),
-                text: r.get("text"),
-                at: r.get("at"),
-            })
-            .collect())
+        Ok(rows.into_iter().map(stored_line).collect())
+    }
+
+    /// One page of a job's lines in (task, attempt, seq) order, strictly after `after`.
+    pub async fn read_logs_after(&self, job_id: i64, after: Option<LogCursor>, limit: i64) -> Result<Vec<StoredLine>> {
+        let c = after.unwrap_or(LogCursor { task_id: -1, attempt: -1, seq: -1 });
+        let rows = sqlx::query(
+            "SELECT task_id, attempt, seq, stream, text, at FROM logs
+             WHERE job_id = $1 AND (task_id, attempt, seq) > ($2, $3, $4)
+             ORDER BY task_id, attempt, seq
+             LIMIT $5",
+        )
+        .bind(job_id)
+        .bind(c.task_id)
+        .bind(c.attempt)
+        .bind(c.seq)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(stored_line).collect())
+    }
+}
+
+fn stored_line(r: sqlx::postgres::PgRow) -> StoredLine {
+    StoredLine {
+        task_id: r.get("task_id"),
+        attempt: r.get("attempt"),
+        seq: r.get("seq"),
+        stream: r.get("stream"),
+        text: r.get("text"),
+        at: r.get("at"),
     }
 }

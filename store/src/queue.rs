@@ -252,6 +252,57 @@ impl Store {
         Ok(())
     }
 
+    /// Called at the start of each long poll with the tasks the worker says it runs. A task
+    /// assigned to it that it does not list was handed out in a poll answer that never
+    /// reached it: put it back in the queue. A running task it does not list was forgotten
+    /// (its process is gone): fail it. Returns the number of tasks touched.
+    pub async fn reconcile_worker_tasks(&self, worker_id: i64, running: &[i64]) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let requeued: Vec<i64> = sqlx::query_scalar(
+            "UPDATE tasks SET state = 'pending', worker_id = NULL, assigned_at = NULL
+             WHERE worker_id = $1 AND state = 'assigned' AND id <> ALL($2)
+             RETURNING job_id",
+        )
+        .bind(worker_id)
+        .bind(running)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !requeued.is_empty() {
+            sqlx::query("UPDATE jobs SET state = 'pending' WHERE id = ANY($1) AND state = 'assigned'")
+                .bind(&requeued)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("INSERT INTO events (job_id, worker_id, kind, detail) SELECT unnest($1::bigint[]), $2, 'requeued', 'the assignment never reached the worker'")
+                .bind(&requeued)
+                .bind(worker_id)
+                .execute(&mut *tx)
+                .await?;
+            notify(&mut tx, Channel::Work, None).await?;
+        }
+        let forgotten: Vec<i64> = sqlx::query_scalar(
+            "UPDATE tasks SET state = 'failed', reason = 'the worker no longer runs this task', finished_at = now()
+             WHERE worker_id = $1 AND state = 'running' AND id <> ALL($2)
+             RETURNING job_id",
+        )
+        .bind(worker_id)
+        .bind(running)
+        .fetch_all(&mut *tx)
+        .await?;
+        for job in &forgotten {
+            sqlx::query(
+                "UPDATE jobs SET state = 'failed', reason = 'the worker no longer runs this task', finished_at = now()
+                 WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+            )
+            .bind(job)
+            .execute(&mut *tx)
+            .await?;
+            record_event(&mut tx, Some(*job), Some(worker_id), "failed", Some("the worker no longer runs this task")).await?;
+            notify(&mut tx, Channel::Job, Some(*job)).await?;
+        }
+        tx.commit().await?;
+        Ok((requeued.len() + forgotten.len()) as u64)
+    }
+
     /// Of the tasks a worker says it runs, those it must stop: cancelled ones, and ones that
     /// are no longer its current attempt.
     pub async fn stop_orders(&self, worker_id: i64, running: &[(i64, i32)]) -> Result<Vec<(i64, i32, StopReason)>> {

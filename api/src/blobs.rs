@@ -1,0 +1,101 @@
+//! Content-addressed blobs: packed sources, stored under their sha256 so the same source is
+//! uploaded once however many jobs use it.
+
+use crate::auth::{Caller, Permission};
+use crate::error::{ApiError, ApiResult};
+use crate::server::AppState;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use domain::Digest;
+use futures_util::StreamExt;
+use object_store::{ObjectStoreExt, WriteMultipart};
+use sha2::{Digest as _, Sha256};
+
+pub(crate) fn blob_path(digest: &Digest) -> object_store::path::Path {
+    object_store::path::Path::from(format!("blobs/{}.tar.gz", digest.as_str()))
+}
+
+fn digest(raw: &str) -> ApiResult<Digest> {
+    Digest::parse(raw).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+/// Streams a request body into the object store at `path`, returning (sha256 hex, bytes).
+/// Nothing is visible at `path` unless the whole body arrived.
+pub(crate) async fn store_stream(app: &AppState, path: &object_store::path::Path, body: Body) -> ApiResult<(String, u64)> {
+    let upload = app.objects.put_multipart(path).await?;
+    let mut writer = WriteMultipart::new(upload);
+    let mut hasher = Sha256::new();
+    let mut bytes = 0u64;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                writer.abort().await.ok();
+                return Err(ApiError::BadRequest(format!("the upload was interrupted: {e}")));
+            }
+        };
+        hasher.update(&chunk);
+        bytes += chunk.len() as u64;
+        writer.write(&chunk);
+    }
+    writer.finish().await?;
+    Ok((hex::encode(hasher.finalize()), bytes))
+}
+
+/// Upload a packed source under its sha256; the server checks the digest.
+#[utoipa::path(put, path = "/v1/blobs/{digest}", request_body(content = Vec<u8>, content_type = "application/gzip"),
+    responses((status = 201), (status = 400, body = protocol::ErrorBody)))]
+pub async fn upload(State(app): State<AppState>, caller: Caller, Path(raw): Path<String>, body: Body) -> ApiResult<StatusCode> {
+    caller.require(Permission::SubmitJobs)?;
+    let digest = digest(&raw)?;
+    if app.store.blob_size(digest.as_str()).await?.is_some() {
+        return Ok(StatusCode::OK);
+    }
+    // Stage under a unique name and move into place only once the digest checks out, so a
+    // corrupt or hostile upload never sits at the content address.
+    let staging = object_store::path::Path::from(format!("staging/{}-{}", digest.as_str(), crate::auth::mint_secret("")));
+    let (actual, bytes) = store_stream(&app, &staging, body).await?;
+    if actual != digest.as_str() {
+        app.objects.delete(&staging).await.ok();
+        return Err(ApiError::BadRequest(format!(
+            "upload does not match its digest: the URL says {} but the bytes hash to {actual}",
+            digest.as_str()
+        )));
+    }
+    app.objects.rename(&staging, &blob_path(&digest)).await?;
+    app.store.record_blob(digest.as_str(), bytes as i64).await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// Whether a blob is stored (200) or not (404).
+#[utoipa::path(head, path = "/v1/blobs/{digest}", responses((status = 200), (status = 404)))]
+pub async fn exists(State(app): State<AppState>, caller: Caller, Path(raw): Path<String>) -> ApiResult<Response> {
+    caller.require(Permission::ReadJobs).or_else(|_| caller.require(Permission::ActAsWorker))?;
+    match app.store.blob_size(digest(&raw)?.as_str()).await? {
+        Some(size) => Ok(([(header::CONTENT_LENGTH, size.to_string())], StatusCode::OK).into_response()),
+        None => Ok(StatusCode::NOT_FOUND.into_response()),
+    }
+}
+
+/// Download a blob (workers fetch sources this way).
+#[utoipa::path(get, path = "/v1/blobs/{digest}", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody)))]
+pub async fn download(State(app): State<AppState>, caller: Caller, Path(raw): Path<String>) -> ApiResult<Response> {
+    caller.require(Permission::ReadJobs).or_else(|_| caller.require(Permission::ActAsWorker))?;
+    let digest = digest(&raw)?;
+    if app.store.blob_size(digest.as_str()).await?.is_none() {
+        return Err(ApiError::NotFound(format!("source {} was never uploaded", digest.short())));
+    }
+    let got = app.objects.get(&blob_path(&digest)).await?;
+    let size = got.meta.size;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/gzip".to_string()),
+            (header::CONTENT_LENGTH, size.to_string()),
+        ],
+        Body::from_stream(got.into_stream()),
+    )
+        .into_response())
+}

@@ -1,0 +1,294 @@
+//! Job endpoints for clients: submit, list, status, cancel, logs and outputs.
+
+use crate::auth::{Caller, Permission};
+use crate::error::{ApiError, ApiResult};
+use crate::server::AppState;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use domain::{JobId, JobState};
+use protocol::{CancelResponse, JobList, JobView, LogLine, LogPage, LogStreamMessage, Stream, SubmitRequest, WorkerRef};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::time::Duration;
+use object_store::ObjectStoreExt;
+use store::{JobFilter, JobRow, LogCursor, StoredLine, Wakeup};
+
+/// Most lines one read returns; followers read again at once when a read comes back full.
+const LOG_READ_LIMIT: i64 = 2000;
+
+/// A follower re-reads this often even without a notification (a missed hint costs at most
+/// this much delay).
+const LOG_SAFETY_POLL: Duration = Duration::from_secs(2);
+
+/// Turns axum's JSON rejection into our error with serde's explanation.
+pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    body.map(|Json(v)| v).map_err(|e| ApiError::BadRequest(format!("invalid request body: {}", e.body_text())))
+}
+
+pub(crate) fn job_view(row: JobRow) -> JobView {
+    JobView {
+        id: JobId(row.id),
+        name: row.spec.name.as_ref().map(|n| n.as_str().to_string()),
+        state: row.state,
+        accelerator: row.spec.accelerator,
+        command: row.spec.command.argv().to_vec(),
+        source: row.spec.source.clone(),
+        outputs: row.spec.outputs.iter().map(|g| g.as_str().to_string()).collect(),
+        worker: row
+            .worker_id
+            .zip(row.worker_name)
+            .map(|(id, name)| WorkerRef { id: domain::WorkerId(id), name }),
+        attempt: row.attempt,
+        exit_code: row.exit_code,
+        reason: row.reason,
+        submitted_by: row.submitted_by,
+        outputs_bytes: row.outputs_bytes,
+        created_at: row.created_at,
+        assigned_at: row.assigned_at,
+        started_at: row.started_at,
+        finished_at: row.finished_at,
+    }
+}
+
+fn log_line(l: StoredLine) -> LogLine {
+    LogLine {
+        task: domain::TaskId(l.task_id),
+        attempt: domain::Attempt(l.attempt),
+        seq: l.seq,
+        stream: Stream::from_i16(l.stream),
+        text: l.text,
+        at: l.at,
+    }
+}
+
+/// Submit a job. Repeating a submit with the same `Idempotency-Key` header returns the
+/// first job.
+#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitRequest,
+    responses((status = 200, body = JobView), (status = 400, body = protocol::ErrorBody)))]
+pub async fn submit(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Json<SubmitRequest>, JsonRejection>,
+) -> ApiResult<Json<JobView>> {
+    caller.require(Permission::SubmitJobs)?;
+    let req = json_body(body)?;
+    if let Some(source) = &req.spec.source {
+        let stored = app.store.blob_size(source.digest.as_str()).await?;
+        if stored.is_none() {
+            return Err(ApiError::BadRequest(format!(
+                "source {} has not been uploaded: PUT it to /v1/blobs/{} first",
+                source.digest.short(),
+                source.digest
+            )));
+        }
+    }
+    let key = headers
+        .get(protocol::IDEMPOTENCY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|k| format!("{}:{k}", caller.token_id));
+    let id = app.store.insert_job(&req.spec, Some(caller.token_id), key.as_deref()).await?;
+    Ok(Json(job_view(app.store.get_job(id).await?)))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    /// Only jobs in this state.
+    pub state: Option<String>,
+    /// At most this many (default 50, at most 1000).
+    pub limit: Option<i64>,
+}
+
+/// Jobs, newest first.
+#[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, body = JobList)))]
+pub async fn list(State(app): State<AppState>, caller: Caller, Query(q): Query<ListQuery>) -> ApiResult<Json<JobList>> {
+    caller.require(Permission::ReadJobs)?;
+    let state = q
+        .state
+        .as_deref()
+        .map(str::parse::<JobState>)
+        .transpose()
+        .map_err(ApiError::BadRequest)?;
+    let filter = JobFilter {
+        state,
+        limit: q.limit.unwrap_or(50).clamp(1, 1000),
+    };
+    let jobs = app.store.list_jobs(&filter).await?.into_iter().map(job_view).collect();
+    Ok(Json(JobList { jobs }))
+}
+
+fn job_id(raw: &str) -> ApiResult<i64> {
+    raw.parse::<JobId>().map(|j| j.0).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+/// One job.
+#[utoipa::path(get, path = "/v1/jobs/{id}", responses((status = 200, body = JobView), (status = 404, body = protocol::ErrorBody)))]
+pub async fn status(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> ApiResult<Json<JobView>> {
+    caller.require(Permission::ReadJobs)?;
+    Ok(Json(job_view(app.store.get_job(job_id(&id)?).await?)))
+}
+
+/// Cancel a job: a pending job never starts; a running one's process group is killed.
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", responses((status = 200, body = CancelResponse)))]
+pub async fn cancel(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> ApiResult<Json<CancelResponse>> {
+    caller.require(Permission::SubmitJobs)?;
+    let id = job_id(&id)?;
+    let previous_state = app.store.cancel_job(id, &format!("token '{}'", caller.name)).await?;
+    let job = job_view(app.store.get_job(id).await?);
+    Ok(Json(CancelResponse { job, previous_state }))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct LogsQuery {
+    /// Continue after this line: `TASK:ATTEMPT:SEQ` as the last line of the previous page.
+    pub after: Option<String>,
+    /// At most this many lines (default and maximum 2000).
+    pub limit: Option<i64>,
+}
+
+/// A page of a job's log lines so far.
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs", params(LogsQuery), responses((status = 200, body = LogPage)))]
+pub async fn logs_page(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> ApiResult<Json<LogPage>> {
+    caller.require(Permission::ReadJobs)?;
+    let id = job_id(&id)?;
+    let job = app.store.get_job(id).await?;
+    let after = q.after.as_deref().map(parse_after).transpose()?;
+    let limit = q.limit.unwrap_or(LOG_READ_LIMIT).clamp(1, LOG_READ_LIMIT);
+    let lines = app.store.read_logs_after(id, after, limit).await?;
+    Ok(Json(LogPage {
+        lines: lines.into_iter().map(log_line).collect(),
+        job_state: job.state,
+    }))
+}
+
+fn parse_after(s: &str) -> ApiResult<LogCursor> {
+    let bad = || ApiError::BadRequest(format!("after='{s}' is not TASK:ATTEMPT:SEQ"));
+    let mut parts = s.split(':');
+    let mut next = || parts.next().and_then(|p| p.parse::<i64>().ok()).ok_or_else(bad);
+    let cursor = LogCursor {
+        task_id: next()?,
+        attempt: i32::try_from(next()?).map_err(|_| bad())?,
+        seq: next()?,
+    };
+    Ok(cursor)
+}
+
+/// Streams a job's log lines over a websocket (JSON text frames of `LogStreamMessage`): every
+/// line stored so far, then new lines as they are stored, then `end` when the job is done.
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs/ws", responses((status = 101, description = "websocket of LogStreamMessage frames")))]
+pub async fn logs_ws(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ws: WebSocketUpgrade,
+) -> ApiResult<Response> {
+    caller.require(Permission::ReadJobs)?;
+    let id = job_id(&id)?;
+    app.store.get_job(id).await?; // 404 before upgrading, not after
+    Ok(ws.on_upgrade(move |socket| async move {
+        if let Err(e) = follow_logs(app, id, socket).await {
+            tracing::debug!(job = id, error = %e, "log stream ended early");
+        }
+    }))
+}
+
+async fn follow_logs(app: AppState, job: i64, mut socket: WebSocket) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut cursors: HashMap<(i64, i32), i64> = HashMap::new();
+    let mut rx = app.hub.subscribe();
+    loop {
+        // Read until caught up; then, if the job has ended, everything it printed is stored
+        // (workers ship logs before completing), so one more read drains it.
+        let mut ended = None;
+        loop {
+            let after: Vec<LogCursor> = cursors
+                .iter()
+                .map(|(&(task_id, attempt), &seq)| LogCursor { task_id, attempt, seq })
+                .collect();
+            let lines = app.store.read_logs(job, &after, LOG_READ_LIMIT).await?;
+            let full = lines.len() as i64 == LOG_READ_LIMIT;
+            for line in lines {
+                cursors.insert((line.task_id, line.attempt), line.seq);
+                let msg = serde_json::to_string(&LogStreamMessage::Line(log_line(line)))?;
+                socket.send(Message::Text(msg.into())).await?;
+            }
+            if full {
+                continue;
+            }
+            if ended.is_some() {
+                break;
+            }
+            let row = app.store.get_job(job).await?;
+            if !row.state.is_terminal() {
+                break;
+            }
+            ended = Some(row);
+        }
+        if let Some(row) = ended {
+            let end = LogStreamMessage::End {
+                state: row.state,
+                exit_code: row.exit_code,
+                reason: row.reason,
+            };
+            socket.send(Message::Text(serde_json::to_string(&end)?.into())).await?;
+            socket.send(Message::Close(None)).await.ok();
+            return Ok(());
+        }
+        let relevant = |w: &Wakeup| {
+            matches!(w, Wakeup::Notified { job_id: Some(j), .. } if *j == job)
+        };
+        tokio::select! {
+            _ = crate::hub::wait_for(&mut rx, relevant) => {}
+            _ = tokio::time::sleep(LOG_SAFETY_POLL) => {}
+            msg = socket.recv() => {
+                // The client closed (or sent something we don't expect): stop.
+                if !matches!(msg, Some(Ok(Message::Ping(_) | Message::Pong(_)))) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// The job's packed outputs (`.tar.gz`).
+#[utoipa::path(get, path = "/v1/jobs/{id}/outputs", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
+pub async fn download_outputs(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> ApiResult<Response> {
+    caller.require(Permission::ReadJobs)?;
+    let id = job_id(&id)?;
+    let job = app.store.get_job(id).await?;
+    let Some(key) = job.outputs_key else {
+        return Err(if job.state.is_terminal() {
+            ApiError::NotFound(format!(
+                "job {id} has no outputs: it ended ({}) before uploading any{}",
+                job.state,
+                job.reason.map(|r| format!(" ({r})")).unwrap_or_default()
+            ))
+        } else {
+            ApiError::Conflict(format!(
+                "job {id} is {}; its outputs are uploaded when it ends (try `gpulayer wait {id}` first)",
+                job.state
+            ))
+        });
+    };
+    let got = app.objects.get(&object_store::path::Path::from(key)).await?;
+    let size = got.meta.size;
+    let body = Body::from_stream(got.into_stream());
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/gzip".to_string()),
+            (header::CONTENT_LENGTH, size.to_string()),
+            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"job-{id}-outputs.tar.gz\"")),
+        ],
+        body,
+    )
+        .into_response())
+}

@@ -1,0 +1,37 @@
+//! The OpenAPI document, generated from the handlers' annotations and the protocol types.
+
+use axum::Json;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "GPUlayer API", version = "1", description = "Jobs, logs, outputs and the worker channel. Every call needs `Authorization: Bearer <token>`."),
+    paths(
+        crate::jobs::submit,
+        crate::jobs::list,
+        crate::jobs::status,
+        crate::jobs::cancel,
+        crate::jobs::logs_page,
+        crate::jobs::logs_ws,
+        crate::jobs::download_outputs,
+        crate::blobs::upload,
+        crate::blobs::exists,
+        crate::blobs::download,
+        crate::worker_channel::register,
+        crate::worker_channel::list,
+        crate::worker_channel::deregister,
+        crate::worker_channel::poll,
+        crate::worker_channel::heartbeat,
+        crate::worker_channel::started,
+        crate::worker_channel::append_logs,
+        crate::worker_channel::upload_outputs,
+        crate::worker_channel::complete,
+    ),
+    components(schemas(protocol::LogStreamMessage))
+)]
+pub struct ApiDoc;
+
+/// `GET /v1/openapi.json`.
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,104 @@
+//! Server configuration, shared state, the router and `serve`.
+
+use crate::hub::Hub;
+use crate::{blobs, jobs, openapi, worker_channel};
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post, put};
+use object_store::ObjectStore;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use store::Store;
+use tower_http::trace::TraceLayer;
+
+/// What a replica needs besides its database.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// A worker silent for longer than this is declared lost.
+    pub lease: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            // Long enough to ride out a GC pause or a brief network blip, short enough that
+            // a dead machine's jobs are failed (and, later, retried) within half a minute.
+            lease: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Everything a handler can reach. Cheap to clone; no state beyond handles.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub objects: Arc<dyn ObjectStore>,
+    pub hub: Hub,
+    pub config: Arc<ServerConfig>,
+}
+
+impl AppState {
+    /// Builds the state and starts this replica's LISTEN hub.
+    pub fn new(store: Store, objects: Arc<dyn ObjectStore>, config: ServerConfig) -> Self {
+        Self {
+            hub: Hub::start(store.clone()),
+            store,
+            objects,
+            config: Arc::new(config),
+        }
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/openapi.json", get(openapi::document))
+        .route("/jobs", post(jobs::submit).get(jobs::list))
+        .route("/jobs/{id}", get(jobs::status))
+        .route("/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/jobs/{id}/logs", get(jobs::logs_page))
+        .route("/jobs/{id}/logs/ws", get(jobs::logs_ws))
+        .route("/jobs/{id}/outputs", get(jobs::download_outputs))
+        .route(
+            "/blobs/{digest}",
+            put(blobs::upload).head(blobs::exists).get(blobs::download),
+        )
+        .route("/workers", post(worker_channel::register).get(worker_channel::list))
+        .route("/workers/{worker}", axum::routing::delete(worker_channel::deregister))
+        .route("/workers/{worker}/poll", post(worker_channel::poll))
+        .route("/workers/{worker}/heartbeat", post(worker_channel::heartbeat))
+        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/started", post(worker_channel::started))
+        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/logs", post(worker_channel::append_logs))
+        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs", put(worker_channel::upload_outputs))
+        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/complete", post(worker_channel::complete))
+        // Sources and outputs stream to the object store; JSON bodies stay small.
+        .layer(DefaultBodyLimit::max(16 * 1024 * 1024));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .nest(protocol::PREFIX, v1)
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Ready when the database answers: a replica without its database can serve nothing.
+async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
+    if state.store.ping().await {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "database unreachable")
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, running the leader loop beside it.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let sweeper = tokio::spawn(crate::sweeper::run(state.store.clone(), state.config.lease));
+    let result = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
+    sweeper.abort();
+    result
+}

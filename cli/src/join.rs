@@ -1,0 +1,76 @@
+//! `gpulayer join`: run this machine as a worker of a control plane.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub(crate) struct JoinArgs {
+    /// The server's URL, as `gpulayer up` printed it.
+    url: String,
+    /// The join token (glj_...) that `gpulayer up` printed.
+    #[arg(long, env = "GPULAYER_JOIN_TOKEN", hide_env_values = true)]
+    token: String,
+    /// This worker's name [default: the host name].
+    #[arg(long)]
+    name: Option<String>,
+    /// A label for placement, KEY=VALUE (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// How many jobs this worker runs at once.
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// Where job work directories and the source cache live.
+    /// [default: $XDG_DATA_HOME/gpulayer/worker-NAME]
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Keep each job's work directory after it ends (for debugging).
+    #[arg(long)]
+    keep_work_dirs: bool,
+}
+
+fn parse_labels(raw: &[String]) -> Result<BTreeMap<String, String>> {
+    raw.iter()
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => bail!("label '{l}' is not KEY=VALUE (e.g. --label zone=us-east1-b)"),
+        })
+        .collect()
+}
+
+pub(crate) async fn run(args: JoinArgs) -> Result<()> {
+    if args.slots == 0 {
+        bail!("--slots must be at least 1");
+    }
+    let labels = parse_labels(&args.labels)?;
+    let name = args.name.unwrap_or_else(crate::up::hostname);
+    let work_root = args
+        .work_dir
+        .unwrap_or_else(|| crate::settings::default_data_dir().join(format!("worker-{name}")));
+    std::fs::create_dir_all(&work_root).with_context(|| format!("cannot create {}", work_root.display()))?;
+    let config = worker::WorkerConfig {
+        url: args.url,
+        token: args.token,
+        name,
+        labels,
+        slots: args.slots,
+        work_root,
+        keep_work_dirs: args.keep_work_dirs,
+    };
+    worker::run(config, crate::up::shutdown_signal()).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_key_value_pairs() {
+        let ok = parse_labels(&["zone=a".into(), "gpulayer.dev/network-group=rack1".into()]).unwrap();
+        assert_eq!(ok["gpulayer.dev/network-group"], "rack1");
+        let err = parse_labels(&["zone".into()]).unwrap_err().to_string();
+        assert_eq!(err, "label 'zone' is not KEY=VALUE (e.g. --label zone=us-east1-b)");
+    }
+}

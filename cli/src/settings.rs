@@ -1,0 +1,106 @@
+//! Client settings: `GPULAYER_URL` / `GPULAYER_TOKEN` first, then the config file that
+//! `gpulayer up` writes (`$XDG_CONFIG_HOME/gpulayer/config.toml`, mode 0600).
+
+use anyhow::{Context, Result, anyhow};
+use client::{Client, ClientError};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct ConfigFile {
+    pub url: Option<String>,
+    pub token: Option<String>,
+}
+
+/// Where the token in use came from, to name it when the server rejects it.
+static TOKEN_SOURCE: OnceLock<String> = OnceLock::new();
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+}
+
+pub(crate) fn config_path() -> PathBuf {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| home().join(".config"));
+    base.join("gpulayer").join("config.toml")
+}
+
+pub(crate) fn default_data_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| home().join(".local").join("share"));
+    base.join("gpulayer")
+}
+
+pub(crate) fn read_config(path: &Path) -> Result<ConfigFile> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ConfigFile::default()),
+        Err(e) => Err(anyhow!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Writes the config file readable by its owner only (it holds a token).
+pub(crate) fn write_config(path: &Path, config: &ConfigFile) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let text = toml::to_string(config).context("cannot encode the config")?;
+    let tmp = path.with_extension("toml.tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// A client for the configured server.
+pub(crate) fn client() -> Result<Client> {
+    let path = config_path();
+    let env_url = std::env::var("GPULAYER_URL").ok().filter(|s| !s.is_empty());
+    let env_token = std::env::var("GPULAYER_TOKEN").ok().filter(|s| !s.is_empty());
+    let file = if env_url.is_some() && env_token.is_some() {
+        ConfigFile::default()
+    } else {
+        read_config(&path)?
+    };
+    let url = env_url.or(file.url).ok_or_else(|| {
+        anyhow!(
+            "no server configured: run `gpulayer up` on this machine (it writes {}), or set GPULAYER_URL and GPULAYER_TOKEN",
+            path.display()
+        )
+    })?;
+    let (token, source) = match (env_token, file.token) {
+        (Some(t), _) => (t, "GPULAYER_TOKEN".to_string()),
+        (None, Some(t)) => (t, format!("`token` in {}", path.display())),
+        (None, None) => {
+            return Err(anyhow!(
+                "no token configured for {url}: set GPULAYER_TOKEN, or `token` in {}",
+                path.display()
+            ));
+        }
+    };
+    let _ = TOKEN_SOURCE.set(source);
+    Ok(Client::new(&url, Some(&token))?)
+}
+
+/// The one-line message for an error, naming the setting to fix when the token was refused.
+pub(crate) fn explain(e: &anyhow::Error) -> String {
+    if let Some(ClientError::Unauthorized { url, message }) = e.downcast_ref::<ClientError>() {
+        let source = TOKEN_SOURCE.get().map(String::as_str).unwrap_or("GPULAYER_TOKEN");
+        return format!("the server at {url} rejected the token ({message}); fix {source}");
+    }
+    format!("{e:#}")
+}

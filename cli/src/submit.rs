@@ -1,0 +1,172 @@
+//! `gpulayer submit`: pack the source (if any), upload it once per content digest, submit.
+
+use crate::logs::{follow, job_exit_code};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use domain::{Accelerator, Command, Digest, EnvVar, JobName, JobSpec, OutputGlob, SourceRef};
+use indicatif::{ProgressBar, ProgressStyle};
+use protocol::SubmitRequest;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// What the job needs: cpu, cuda, mps or any.
+    #[arg(long, default_value = "any")]
+    accelerator: String,
+    /// A directory to ship; the command runs inside its unpacked copy. Honours .gitignore
+    /// and .gpulayerignore.
+    #[arg(long)]
+    source: Option<PathBuf>,
+    /// Files to bring back, as globs relative to the job's work directory (repeatable).
+    /// Everything written to $GPULAYER_OUTPUT_DIR comes back too.
+    #[arg(long = "output", value_name = "GLOB")]
+    outputs: Vec<String>,
+    /// An environment variable for the job, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// A name to recognise the job by.
+    #[arg(long)]
+    name: Option<String>,
+    /// Stream the job's logs and exit with its exit code.
+    #[arg(long)]
+    follow: bool,
+    /// Print the job as JSON.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+/// Checks everything the user typed before anything is packed or sent.
+fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
+    Ok(JobSpec {
+        name: args.name.as_deref().map(JobName::parse).transpose()?,
+        command: Command::parse(args.command.clone())?,
+        accelerator: args.accelerator.parse::<Accelerator>()?,
+        source: None,
+        outputs: args.outputs.iter().map(|g| OutputGlob::parse(g)).collect::<Result<_, _>>()?,
+        env: args.env.iter().map(|e| EnvVar::parse(e)).collect::<Result<_, _>>()?,
+    })
+}
+
+pub(crate) async fn run(args: SubmitArgs) -> Result<()> {
+    let mut spec = spec_from(&args)?;
+    if let Some(dir) = &args.source {
+        check_source_dir(dir)?;
+    }
+    let client = crate::settings::client()?;
+    let show_progress = std::io::stderr().is_terminal() && !args.json;
+    if let Some(dir) = &args.source {
+        spec.source = Some(ship_source(&client, dir, show_progress).await?);
+    }
+    let key = uuid::Uuid::new_v4().to_string();
+    let job = client.submit(&SubmitRequest { spec }, &key).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&job)?);
+    } else if !args.follow {
+        println!("submitted job {} ({})", job.id, job.state);
+        println!("  follow its logs:  gpulayer logs {} --follow", job.id);
+    } else {
+        eprintln!("submitted job {} ({})", job.id, job.state);
+    }
+    if args.follow {
+        let end = follow(&client, job.id.0, args.json).await?;
+        let code = job_exit_code(&end);
+        if code != 0 {
+            return Err(crate::Exit(code).into());
+        }
+    }
+    Ok(())
+}
+
+fn check_source_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("--source {} is not a directory", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("--source {} does not exist", dir.display()),
+        Err(e) => bail!("cannot read --source {}: {e}", dir.display()),
+    }
+}
+
+/// Packs `dir` into a temporary file and uploads it unless the server already has it.
+async fn ship_source(client: &client::Client, dir: &Path, show_progress: bool) -> Result<SourceRef> {
+    let packed = tempfile::NamedTempFile::new().context("cannot create a temporary file for the source")?;
+    let bar = progress_bar(show_progress, "packing");
+    let (dir_owned, file) = (dir.to_path_buf(), packed.reopen().context("cannot reopen the temporary file")?);
+    let pack_bar = bar.clone();
+    let summary = tokio::task::spawn_blocking(move || {
+        archive::pack_dir(&dir_owned, std::io::BufWriter::new(file), |done, total| {
+            pack_bar.set_length(total);
+            pack_bar.set_position(done);
+        })
+    })
+    .await
+    .context("the packing task failed")??;
+    bar.finish_and_clear();
+    let digest = Digest::parse(&summary.digest)?;
+    if !client.blob_exists(digest.as_str()).await? {
+        let bar = progress_bar(show_progress, "uploading");
+        bar.set_length(summary.bytes);
+        let upload_bar = bar.clone();
+        client
+            .upload_blob(digest.as_str(), packed.path(), move |sent| upload_bar.set_position(sent))
+            .await?;
+        bar.finish_and_clear();
+    }
+    Ok(SourceRef {
+        digest,
+        bytes: summary.bytes,
+        files: summary.files,
+    })
+}
+
+fn progress_bar(visible: bool, what: &str) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>9} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<JobSpec> {
+        let mut full = vec!["submit"];
+        full.extend_from_slice(argv);
+        spec_from(&Wrapper::try_parse_from(full).unwrap().args)
+    }
+
+    #[test]
+    fn bad_input_is_refused_before_anything_is_sent() {
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "no command given"),
+            (&["--accelerator", "tpu", "--", "true"], "unknown accelerator 'tpu'"),
+            (&["--env", "NOPE", "--", "true"], "'NOPE' is not KEY=VALUE"),
+            (&["--output", "/etc/passwd", "--", "true"], "must be a relative path"),
+        ];
+        for (argv, expect) in cases {
+            let err = parse(argv).unwrap_err().to_string();
+            assert!(err.contains(expect), "{argv:?}: {err}");
+        }
+        let spec = parse(&["--accelerator", "cuda", "--env", "A=1", "--", "python3", "-c", "print(1)"]).unwrap();
+        assert_eq!(spec.command.argv(), ["python3", "-c", "print(1)"]);
+        assert_eq!(spec.accelerator, Accelerator::Cuda);
+    }
+}

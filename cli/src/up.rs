@@ -1,0 +1,215 @@
+//! `gpulayer up`: one API replica, with an embedded PostgreSQL when no database URL is given,
+//! and optionally a worker in the same process.
+
+use crate::settings::{self, ConfigFile};
+use anyhow::{Context, Result};
+use clap::Args;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use store::{EmbeddedPostgres, Role, Store};
+
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8470")]
+    listen: SocketAddr,
+    /// Where the embedded PostgreSQL, the object store and the join token live.
+    /// [default: $XDG_DATA_HOME/gpulayer or ~/.local/share/gpulayer]
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Use this PostgreSQL instead of the embedded one (makes this process one of several
+    /// replicas sharing it).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Also run a worker in this process (a one-machine set-up).
+    #[arg(long)]
+    with_worker: bool,
+    /// Slots of the --with-worker worker (jobs it runs at once).
+    #[arg(long, default_value_t = 1)]
+    worker_slots: u32,
+    /// Seconds without a heartbeat after which a worker is declared lost.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_seconds: u64,
+    /// Print one JSON object (url, tokens, join command) once ready, instead of prose.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub(crate) async fn run(args: UpArgs) -> Result<()> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(settings::default_data_dir);
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+
+    let (store, embedded) = match &args.database_url {
+        Some(url) => {
+            let options = Store::parse_url(url).context("--database-url is not a valid PostgreSQL URL")?;
+            let store = Store::open(options)
+                .await
+                .context("cannot open the database given by --database-url")?;
+            (store, None)
+        }
+        None => {
+            let pg = EmbeddedPostgres::start(&data_dir.join("postgres"))
+                .await
+                .context("cannot start the embedded PostgreSQL")?;
+            pg.ensure_database(store::embedded::EMBEDDED_DATABASE)
+                .await
+                .context("cannot create the gpulayer database")?;
+            let store = Store::open(pg.connect_options(store::embedded::EMBEDDED_DATABASE))
+                .await
+                .context("cannot open the embedded database")?;
+            (store, Some(pg))
+        }
+    };
+
+    let objects_dir = data_dir.join("objects");
+    std::fs::create_dir_all(&objects_dir).with_context(|| format!("cannot create {}", objects_dir.display()))?;
+    let objects = object_store::local::LocalFileSystem::new_with_prefix(&objects_dir)
+        .with_context(|| format!("cannot use {} as the object store", objects_dir.display()))?;
+
+    let admin_token = if store.has_token_with_role(Role::Admin).await? {
+        None
+    } else {
+        let secret = api::mint_secret("glc_");
+        store.insert_token("admin", Role::Admin, &secret).await?;
+        Some(secret)
+    };
+    let join_token = join_token(&store, &data_dir).await?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (is another `gpulayer up` running? pick another with --listen)", args.listen))?;
+    let bound = listener.local_addr()?;
+    let url = format!("http://{}", public_addr(bound));
+
+    let config_path = settings::config_path();
+    let mut config = settings::read_config(&config_path).unwrap_or_default();
+    config.url = Some(url.clone());
+    if let Some(t) = &admin_token {
+        config.token = Some(t.clone());
+    }
+    settings::write_config(&config_path, &ConfigFile { ..config })?;
+
+    let join_command = format!("gpulayer join {url} --token {join_token}");
+    if args.json {
+        let ready = serde_json::json!({
+            "url": url,
+            "admin_token": admin_token,
+            "join_token": join_token,
+            "join_command": join_command,
+            "config_path": config_path,
+            "data_dir": data_dir,
+        });
+        println!("{ready}");
+    } else {
+        println!("GPUlayer API listening on {url}");
+        match &admin_token {
+            Some(t) => println!("admin token: {t}\n  (shown once; saved to {})", config_path.display()),
+            None => println!("admin token: created on first start (see {})", config_path.display()),
+        }
+        println!("join a worker with:\n  {join_command}");
+    }
+
+    let config = api::ServerConfig {
+        lease: Duration::from_secs(args.lease_seconds),
+    };
+    let state = api::AppState::new(store.clone(), Arc::new(objects), config);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker = args.with_worker.then(|| {
+        let config = worker::WorkerConfig {
+            url: url.clone(),
+            token: join_token.clone(),
+            name: hostname(),
+            labels: Default::default(),
+            slots: args.worker_slots.max(1),
+            work_root: data_dir.join("worker"),
+            keep_work_dirs: false,
+        };
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = worker::run(config, stopped).await {
+                tracing::error!(error = %e, "the embedded worker stopped");
+            }
+        })
+    });
+    let mut server_stop = stop_rx.clone();
+    let server = tokio::spawn(api::serve(listener, state, async move {
+        let _ = server_stop.wait_for(|s| *s).await;
+    }));
+
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    if let Some(w) = worker {
+        let _ = tokio::time::timeout(Duration::from_secs(15), w).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    store.close().await;
+    if let Some(pg) = embedded {
+        pg.stop().await.context("cannot stop the embedded PostgreSQL")?;
+    }
+    Ok(())
+}
+
+/// The join token kept in the data dir, so every start prints the same join line. Only its
+/// hash is in the database; a token that no longer matches is replaced.
+async fn join_token(store: &Store, data_dir: &Path) -> Result<String> {
+    let path = data_dir.join("join-token");
+    if let Ok(secret) = std::fs::read_to_string(&path) {
+        let secret = secret.trim().to_string();
+        if let Some(t) = store.find_token(&secret).await? {
+            if t.role == Role::Join {
+                return Ok(secret);
+            }
+        }
+    }
+    let secret = api::mint_secret("glj_");
+    store.insert_token("join", Role::Join, &secret).await?;
+    write_private(&path, &secret)?;
+    Ok(secret)
+}
+
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// An address others can dial: a wildcard listen address becomes this host's name.
+fn public_addr(bound: SocketAddr) -> String {
+    if bound.ip().is_unspecified() {
+        format!("{}:{}", hostname(), bound.port())
+    } else {
+        bound.to_string()
+    }
+}
+
+pub(crate) fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}

@@ -1,0 +1,380 @@
+//! `Client`: one method per REST call.
+
+use crate::error::ClientError;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use protocol::{
+    CancelResponse, CompleteRequest, ErrorBody, HeartbeatRequest, JobList, JobView, LogBatch, LogPage, PollRequest,
+    PollResponse, RegisterRequest, RegisterResponse, SubmitRequest, WorkerList,
+};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::de::DeserializeOwned;
+use std::path::Path;
+use std::time::Duration;
+
+/// Tries for an idempotent call before giving up on a server that does not answer.
+const RETRIES: u32 = 4;
+/// First pause between tries; doubles each time (0.2, 0.4, 0.8, 1.6 s).
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// A request that is not a long poll or a transfer should answer well within this.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A connection to one GPUlayer server. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(url: &str, token: Option<&str>) -> Result<Self, ClientError> {
+        let trimmed = url.trim().trim_end_matches('/');
+        let parsed = reqwest::Url::parse(trimmed).map_err(|e| ClientError::BadUrl {
+            url: url.to_string(),
+            detail: e.to_string(),
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(ClientError::BadUrl {
+                url: url.to_string(),
+                detail: "the scheme must be http or https".into(),
+            });
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| ClientError::BadUrl {
+                url: url.to_string(),
+                detail: e.to_string(),
+            })?;
+        Ok(Self {
+            base: trimmed.to_string(),
+            token: token.map(str::to_string),
+            http,
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let mut rb = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            rb = rb.bearer_auth(t);
+        }
+        rb
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> ClientError {
+        let mut detail = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            detail = s.to_string();
+            source = s.source();
+        }
+        ClientError::Unreachable {
+            url: self.base.clone(),
+            detail,
+        }
+    }
+
+    /// Sends, retrying transient failures when `idempotent`; maps error statuses to errors.
+    async fn send(&self, idempotent: bool, build: impl Fn() -> RequestBuilder) -> Result<Response, ClientError> {
+        let mut backoff = FIRST_BACKOFF;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let result = match build().send().await {
+                Ok(resp) => self.check(resp).await,
+                Err(e) => Err(self.unreachable(&e)),
+            };
+            match result {
+                Err(e) if idempotent && e.is_transient() && tries <= RETRIES => {
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn check(&self, resp: Response) -> Result<Response, ClientError> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => (body.code, body.message),
+            Err(_) => (
+                protocol::ErrorCode::Internal,
+                format!("HTTP {status} from {}: {}", self.base, text.chars().take(200).collect::<String>()),
+            ),
+        };
+        if status == StatusCode::UNAUTHORIZED {
+            return Err(ClientError::Unauthorized {
+                url: self.base.clone(),
+                message,
+            });
+        }
+        Err(ClientError::Api {
+            status: status.as_u16(),
+            code,
+            message,
+        })
+    }
+
+    async fn json<T: DeserializeOwned>(&self, resp: Response) -> Result<T, ClientError> {
+        let url = resp.url().to_string();
+        resp.json().await.map_err(|e| ClientError::Protocol {
+            url,
+            detail: e.to_string(),
+        })
+    }
+
+    async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let resp = self.send(true, || self.request(Method::GET, path)).await?;
+        self.json(resp).await
+    }
+
+    async fn post_json<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        idempotent: bool,
+    ) -> Result<T, ClientError> {
+        let resp = self.send(idempotent, || self.request(Method::POST, path).json(body)).await?;
+        self.json(resp).await
+    }
+
+    async fn post_no_content<B: serde::Serialize>(&self, path: &str, body: &B) -> Result<(), ClientError> {
+        self.send(true, || self.request(Method::POST, path).json(body)).await?;
+        Ok(())
+    }
+
+    // ---- clients ----
+
+    /// Readiness of the server (its database answers).
+    pub async fn ready(&self) -> Result<(), ClientError> {
+        self.send(false, || self.http.get(format!("{}/readyz", self.base))).await?;
+        Ok(())
+    }
+
+    /// Submits a job; `idempotency_key` makes retries safe.
+    pub async fn submit(&self, req: &SubmitRequest, idempotency_key: &str) -> Result<JobView, ClientError> {
+        let resp = self
+            .send(true, || {
+                self.request(Method::POST, "/v1/jobs")
+                    .header(protocol::IDEMPOTENCY_HEADER, idempotency_key)
+                    .json(req)
+            })
+            .await?;
+        self.json(resp).await
+    }
+
+    pub async fn list_jobs(&self, state: Option<&str>, limit: u32) -> Result<JobList, ClientError> {
+        let mut path = format!("/v1/jobs?limit={limit}");
+        if let Some(s) = state {
+            path.push_str(&format!("&state={s}"));
+        }
+        self.get_json(&path).await
+    }
+
+    pub async fn job(&self, id: i64) -> Result<JobView, ClientError> {
+        self.get_json(&format!("/v1/jobs/{id}")).await
+    }
+
+    pub async fn cancel(&self, id: i64) -> Result<CancelResponse, ClientError> {
+        self.post_json(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({}), true).await
+    }
+
+    /// One page of log lines after `after` (`TASK:ATTEMPT:SEQ`).
+    pub async fn logs_page(&self, id: i64, after: Option<&str>) -> Result<LogPage, ClientError> {
+        let mut path = format!("/v1/jobs/{id}/logs");
+        if let Some(a) = after {
+            path.push_str(&format!("?after={a}"));
+        }
+        self.get_json(&path).await
+    }
+
+    pub async fn workers(&self) -> Result<WorkerList, ClientError> {
+        self.get_json("/v1/workers").await
+    }
+
+    pub async fn blob_exists(&self, digest: &str) -> Result<bool, ClientError> {
+        let path = format!("/v1/blobs/{digest}");
+        match self.send(true, || self.request(Method::HEAD, &path)).await {
+            Ok(_) => Ok(true),
+            Err(ClientError::Api { status: 404, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Uploads a file as the blob `digest`, calling `progress(bytes_sent)` as it streams.
+    pub async fn upload_blob(
+        &self,
+        digest: &str,
+        file: &Path,
+        progress: impl Fn(u64) + Send + Sync + Clone + 'static,
+    ) -> Result<(), ClientError> {
+        let path = format!("/v1/blobs/{digest}");
+        self.put_file(&path, file, progress).await
+    }
+
+    async fn put_file(
+        &self,
+        path: &str,
+        file: &Path,
+        progress: impl Fn(u64) + Send + Sync + Clone + 'static,
+    ) -> Result<(), ClientError> {
+        let io = |e| ClientError::Io {
+            context: format!("cannot read {}", file.display()),
+            source: e,
+        };
+        let len = tokio::fs::metadata(file).await.map_err(io)?.len();
+        let mut backoff = FIRST_BACKOFF;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let f = tokio::fs::File::open(file).await.map_err(io)?;
+            let progress = progress.clone();
+            let mut sent = 0u64;
+            let stream = tokio_util::io::ReaderStream::new(f).inspect_ok(move |chunk| {
+                sent += chunk.len() as u64;
+                progress(sent);
+            });
+            let rb = self
+                .request(Method::PUT, path)
+                .header(reqwest::header::CONTENT_TYPE, "application/gzip")
+                .header(reqwest::header::CONTENT_LENGTH, len)
+                .body(reqwest::Body::wrap_stream(stream))
+                .timeout(Duration::from_secs(3600));
+            let result = match rb.send().await {
+                Ok(resp) => self.check(resp).await.map(|_| ()),
+                Err(e) => Err(self.unreachable(&e)),
+            };
+            match result {
+                Err(e) if e.is_transient() && tries <= RETRIES => {
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Streams a download into `dest`, calling `progress(done, total)`.
+    async fn download_to(
+        &self,
+        path: &str,
+        dest: &Path,
+        mut progress: impl FnMut(u64, Option<u64>),
+    ) -> Result<u64, ClientError> {
+        use tokio::io::AsyncWriteExt;
+        let resp = self
+            .send(true, || self.request(Method::GET, path).timeout(Duration::from_secs(3600)))
+            .await?;
+        let total = resp.content_length();
+        let io = |e| ClientError::Io {
+            context: format!("cannot write {}", dest.display()),
+            source: e,
+        };
+        let mut file = tokio::fs::File::create(dest).await.map_err(io)?;
+        let mut stream = resp.bytes_stream();
+        let mut done = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk: Bytes = chunk.map_err(|e| self.unreachable(&e))?;
+            file.write_all(&chunk).await.map_err(io)?;
+            done += chunk.len() as u64;
+            progress(done, total);
+        }
+        file.flush().await.map_err(io)?;
+        Ok(done)
+    }
+
+    pub async fn download_blob(&self, digest: &str, dest: &Path) -> Result<u64, ClientError> {
+        self.download_to(&format!("/v1/blobs/{digest}"), dest, |_, _| {}).await
+    }
+
+    /// Downloads the job's packed outputs to `dest`.
+    pub async fn download_outputs(
+        &self,
+        id: i64,
+        dest: &Path,
+        progress: impl FnMut(u64, Option<u64>),
+    ) -> Result<u64, ClientError> {
+        self.download_to(&format!("/v1/jobs/{id}/outputs"), dest, progress).await
+    }
+
+    // ---- the worker channel ----
+
+    pub async fn register_worker(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
+        // Not retried here: a lost answer would leave a second registration behind. The
+        // worker's own loop retries, and the first one is declared lost after its lease.
+        self.post_json("/v1/workers", req, false).await
+    }
+
+    /// The long poll; the HTTP timeout leaves room beyond the server's wait.
+    pub async fn poll(&self, worker: i64, req: &PollRequest) -> Result<PollResponse, ClientError> {
+        let path = format!("/v1/workers/{worker}/poll");
+        let timeout = Duration::from_millis(req.wait_ms) + Duration::from_secs(15);
+        let resp = self
+            .send(false, || self.request(Method::POST, &path).json(req).timeout(timeout))
+            .await?;
+        self.json(resp).await
+    }
+
+    pub async fn heartbeat(&self, worker: i64, req: &HeartbeatRequest) -> Result<PollResponse, ClientError> {
+        let path = format!("/v1/workers/{worker}/heartbeat");
+        let resp = self
+            .send(false, || self.request(Method::POST, &path).json(req).timeout(REQUEST_TIMEOUT))
+            .await?;
+        self.json(resp).await
+    }
+
+    fn task_path(worker: i64, task: i64, attempt: i32, what: &str) -> String {
+        format!("/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/{what}")
+    }
+
+    pub async fn task_started(&self, worker: i64, task: i64, attempt: i32) -> Result<(), ClientError> {
+        self.post_no_content(&Self::task_path(worker, task, attempt, "started"), &serde_json::json!({}))
+            .await
+    }
+
+    pub async fn append_logs(&self, worker: i64, task: i64, attempt: i32, batch: &LogBatch) -> Result<(), ClientError> {
+        self.post_no_content(&Self::task_path(worker, task, attempt, "logs"), batch).await
+    }
+
+    pub async fn upload_outputs(&self, worker: i64, task: i64, attempt: i32, file: &Path) -> Result<(), ClientError> {
+        self.put_file(&Self::task_path(worker, task, attempt, "outputs"), file, |_| {}).await
+    }
+
+    pub async fn complete_task(
+        &self,
+        worker: i64,
+        task: i64,
+        attempt: i32,
+        req: &CompleteRequest,
+    ) -> Result<(), ClientError> {
+        self.post_no_content(&Self::task_path(worker, task, attempt, "complete"), req).await
+    }
+
+    pub async fn deregister_worker(&self, worker: i64) -> Result<(), ClientError> {
+        let path = format!("/v1/workers/{worker}");
+        self.send(true, || self.request(Method::DELETE, &path)).await?;
+        Ok(())
+    }
+
+    /// Raw GET for callers that stream a response themselves.
+    pub async fn get_stream(
+        &self,
+        path: &str,
+    ) -> Result<impl Stream<Item = Result<Bytes, reqwest::Error>> + use<>, ClientError> {
+        Ok(self.send(true, || self.request(Method::GET, path)).await?.bytes_stream())
+    }
+}
