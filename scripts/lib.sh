@@ -235,3 +235,19 @@ ensure_nextest() {
     cargo nextest --version >/dev/null 2>&1 \
         || die "cargo-nextest was installed but 'cargo nextest' still fails; is ${CARGO_HOME:-$HOME/.cargo}/bin on PATH?"
 }
+
+# ensure_rust_components NAME...: rustup components such as rustfmt and clippy, when cargo
+# lacks the matching subcommand (`cargo fmt`, `cargo clippy`) and rustup can add it.
+ensure_rust_components() {
+    local component subcommand
+    for component in "$@"; do
+        subcommand="${component/rustfmt/fmt}"
+        if cargo "$subcommand" --version >/dev/null 2>&1; then
+            continue
+        fi
+        command -v rustup >/dev/null 2>&1 \
+            || die "'cargo $subcommand' is missing and there is no rustup to add $component with; install it with your Rust toolchain"
+        log "adding the $component component"
+        rustup component add "$component"
+    done
+}

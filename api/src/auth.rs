@@ -13,7 +13,11 @@ const SECRET_LEN: usize = 40;
 
 /// A new secret with a prefix that says what it is for (`glc_` client, `glj_` join).
 pub fn mint_secret(prefix: &str) -> String {
-    let body: String = rand::rng().sample_iter(Alphanumeric).take(SECRET_LEN).map(char::from).collect();
+    let body: String = rand::rng()
+        .sample_iter(Alphanumeric)
+        .take(SECRET_LEN)
+        .map(char::from)
+        .collect();
     format!("{prefix}{body}")
 }
 
@@ -67,17 +71,19 @@ impl FromRequestParts<AppState> for Caller {
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| ApiError::Unauthorized("missing bearer token (Authorization: Bearer ...)".into()))?;
+            .ok_or_else(|| {
+                ApiError::Unauthorized("missing bearer token (Authorization: Bearer ...)".into())
+            })?;
         let secret = header
             .strip_prefix("Bearer ")
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .ok_or_else(|| ApiError::Unauthorized("the Authorization header is not `Bearer <token>`".into()))?;
-        let token = state
-            .store
-            .find_token(secret)
-            .await?
-            .ok_or_else(|| ApiError::Unauthorized("the token is not known to this server (or was revoked)".into()))?;
+            .ok_or_else(|| {
+                ApiError::Unauthorized("the Authorization header is not `Bearer <token>`".into())
+            })?;
+        let token = state.store.find_token(secret).await?.ok_or_else(|| {
+            ApiError::Unauthorized("the token is not known to this server (or was revoked)".into())
+        })?;
         Ok(Caller {
             token_id: token.id,
             name: token.name,
@@ -91,7 +97,11 @@ mod tests {
     use super::*;
 
     fn caller(role: Role) -> Caller {
-        Caller { token_id: 1, name: "t".into(), role }
+        Caller {
+            token_id: 1,
+            name: "t".into(),
+            role,
+        }
     }
 
     #[test]

@@ -23,7 +23,11 @@ fn digest(raw: &str) -> ApiResult<Digest> {
 
 /// Streams a request body into the object store at `path`, returning (sha256 hex, bytes).
 /// Nothing is visible at `path` unless the whole body arrived.
-pub(crate) async fn store_stream(app: &AppState, path: &object_store::path::Path, body: Body) -> ApiResult<(String, u64)> {
+pub(crate) async fn store_stream(
+    app: &AppState,
+    path: &object_store::path::Path,
+    body: Body,
+) -> ApiResult<(String, u64)> {
     let upload = app.objects.put_multipart(path).await?;
     let mut writer = WriteMultipart::new(upload);
     let mut hasher = Sha256::new();
@@ -34,7 +38,9 @@ pub(crate) async fn store_stream(app: &AppState, path: &object_store::path::Path
             Ok(c) => c,
             Err(e) => {
                 writer.abort().await.ok();
-                return Err(ApiError::BadRequest(format!("the upload was interrupted: {e}")));
+                return Err(ApiError::BadRequest(format!(
+                    "the upload was interrupted: {e}"
+                )));
             }
         };
         hasher.update(&chunk);
@@ -48,7 +54,12 @@ pub(crate) async fn store_stream(app: &AppState, path: &object_store::path::Path
 /// Upload a packed source under its sha256; the server checks the digest.
 #[utoipa::path(put, path = "/v1/blobs/{digest}", request_body(content = Vec<u8>, content_type = "application/gzip"),
     responses((status = 201), (status = 400, body = protocol::ErrorBody)))]
-pub async fn upload(State(app): State<AppState>, caller: Caller, Path(raw): Path<String>, body: Body) -> ApiResult<StatusCode> {
+pub async fn upload(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(raw): Path<String>,
+    body: Body,
+) -> ApiResult<StatusCode> {
     caller.require(Permission::SubmitJobs)?;
     let digest = digest(&raw)?;
     if app.store.blob_size(digest.as_str()).await?.is_some() {
@@ -56,7 +67,11 @@ pub async fn upload(State(app): State<AppState>, caller: Caller, Path(raw): Path
     }
     // Stage under a unique name and move into place only once the digest checks out, so a
     // corrupt or hostile upload never sits at the content address.
-    let staging = object_store::path::Path::from(format!("staging/{}-{}", digest.as_str(), crate::auth::mint_secret("")));
+    let staging = object_store::path::Path::from(format!(
+        "staging/{}-{}",
+        digest.as_str(),
+        crate::auth::mint_secret("")
+    ));
     let (actual, bytes) = store_stream(&app, &staging, body).await?;
     if actual != digest.as_str() {
         app.objects.delete(&staging).await.ok();
@@ -72,21 +87,38 @@ pub async fn upload(State(app): State<AppState>, caller: Caller, Path(raw): Path
 
 /// Whether a blob is stored (200) or not (404).
 #[utoipa::path(head, path = "/v1/blobs/{digest}", responses((status = 200), (status = 404)))]
-pub async fn exists(State(app): State<AppState>, caller: Caller, Path(raw): Path<String>) -> ApiResult<Response> {
-    caller.require(Permission::ReadJobs).or_else(|_| caller.require(Permission::ActAsWorker))?;
+pub async fn exists(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(raw): Path<String>,
+) -> ApiResult<Response> {
+    caller
+        .require(Permission::ReadJobs)
+        .or_else(|_| caller.require(Permission::ActAsWorker))?;
     match app.store.blob_size(digest(&raw)?.as_str()).await? {
-        Some(size) => Ok(([(header::CONTENT_LENGTH, size.to_string())], StatusCode::OK).into_response()),
+        Some(size) => {
+            Ok(([(header::CONTENT_LENGTH, size.to_string())], StatusCode::OK).into_response())
+        }
         None => Ok(StatusCode::NOT_FOUND.into_response()),
     }
 }
 
 /// Download a blob (workers fetch sources this way).
 #[utoipa::path(get, path = "/v1/blobs/{digest}", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody)))]
-pub async fn download(State(app): State<AppState>, caller: Caller, Path(raw): Path<String>) -> ApiResult<Response> {
-    caller.require(Permission::ReadJobs).or_else(|_| caller.require(Permission::ActAsWorker))?;
+pub async fn download(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(raw): Path<String>,
+) -> ApiResult<Response> {
+    caller
+        .require(Permission::ReadJobs)
+        .or_else(|_| caller.require(Permission::ActAsWorker))?;
     let digest = digest(&raw)?;
     if app.store.blob_size(digest.as_str()).await?.is_none() {
-        return Err(ApiError::NotFound(format!("source {} was never uploaded", digest.short())));
+        return Err(ApiError::NotFound(format!(
+            "source {} was never uploaded",
+            digest.short()
+        )));
     }
     let got = app.objects.get(&blob_path(&digest)).await?;
     let size = got.meta.size;

@@ -65,9 +65,9 @@ impl From<store::StoreError> for ApiError {
             S::NotFound(what) => ApiError::NotFound(format!("{what} does not exist")),
             e @ S::LeaseLost { .. } => ApiError::LeaseLost(e.to_string()),
             e @ S::WorkerLost(_) => ApiError::WorkerLost(e.to_string()),
-            S::Database(sqlx::Error::PoolTimedOut) => {
-                ApiError::Unavailable("the database is overloaded or unreachable; retry shortly".into())
-            }
+            S::Database(sqlx::Error::PoolTimedOut) => ApiError::Unavailable(
+                "the database is overloaded or unreachable; retry shortly".into(),
+            ),
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -76,7 +76,9 @@ impl From<store::StoreError> for ApiError {
 impl From<object_store::Error> for ApiError {
     fn from(e: object_store::Error) -> Self {
         match e {
-            object_store::Error::NotFound { path, .. } => ApiError::NotFound(format!("object {path} does not exist")),
+            object_store::Error::NotFound { path, .. } => {
+                ApiError::NotFound(format!("object {path} does not exist"))
+            }
             other => ApiError::Internal(format!("object store: {other}")),
         }
     }

@@ -11,11 +11,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use domain::{JobId, JobState};
-use protocol::{CancelResponse, JobList, JobView, LogLine, LogPage, LogStreamMessage, Stream, SubmitRequest, WorkerRef};
+use object_store::ObjectStoreExt;
+use protocol::{
+    CancelResponse, JobList, JobView, LogLine, LogPage, LogStreamMessage, Stream, SubmitRequest,
+    WorkerRef,
+};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::time::Duration;
-use object_store::ObjectStoreExt;
 use store::{JobFilter, JobRow, LogCursor, StoredLine, Wakeup};
 
 /// Most lines one read returns; followers read again at once when a read comes back full.
@@ -27,7 +30,8 @@ const LOG_SAFETY_POLL: Duration = Duration::from_secs(2);
 
 /// Turns axum's JSON rejection into our error with serde's explanation.
 pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
-    body.map(|Json(v)| v).map_err(|e| ApiError::BadRequest(format!("invalid request body: {}", e.body_text())))
+    body.map(|Json(v)| v)
+        .map_err(|e| ApiError::BadRequest(format!("invalid request body: {}", e.body_text())))
 }
 
 pub(crate) fn job_view(row: JobRow) -> JobView {
@@ -38,11 +42,19 @@ pub(crate) fn job_view(row: JobRow) -> JobView {
         accelerator: row.spec.accelerator,
         command: row.spec.command.argv().to_vec(),
         source: row.spec.source.clone(),
-        outputs: row.spec.outputs.iter().map(|g| g.as_str().to_string()).collect(),
+        outputs: row
+            .spec
+            .outputs
+            .iter()
+            .map(|g| g.as_str().to_string())
+            .collect(),
         worker: row
             .worker_id
             .zip(row.worker_name)
-            .map(|(id, name)| WorkerRef { id: domain::WorkerId(id), name }),
+            .map(|(id, name)| WorkerRef {
+                id: domain::WorkerId(id),
+                name,
+            }),
         attempt: row.attempt,
         exit_code: row.exit_code,
         reason: row.reason,
@@ -92,7 +104,10 @@ pub async fn submit(
         .get(protocol::IDEMPOTENCY_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(|k| format!("{}:{k}", caller.token_id));
-    let id = app.store.insert_job(&req.spec, Some(caller.token_id), key.as_deref()).await?;
+    let id = app
+        .store
+        .insert_job(&req.spec, Some(caller.token_id), key.as_deref())
+        .await?;
     Ok(Json(job_view(app.store.get_job(id).await?)))
 }
 
@@ -106,7 +121,11 @@ pub struct ListQuery {
 
 /// Jobs, newest first.
 #[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, body = JobList)))]
-pub async fn list(State(app): State<AppState>, caller: Caller, Query(q): Query<ListQuery>) -> ApiResult<Json<JobList>> {
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<JobList>> {
     caller.require(Permission::ReadJobs)?;
     let state = q
         .state
@@ -118,29 +137,51 @@ pub async fn list(State(app): State<AppState>, caller: Caller, Query(q): Query<L
         state,
         limit: q.limit.unwrap_or(50).clamp(1, 1000),
     };
-    let jobs = app.store.list_jobs(&filter).await?.into_iter().map(job_view).collect();
+    let jobs = app
+        .store
+        .list_jobs(&filter)
+        .await?
+        .into_iter()
+        .map(job_view)
+        .collect();
     Ok(Json(JobList { jobs }))
 }
 
 fn job_id(raw: &str) -> ApiResult<i64> {
-    raw.parse::<JobId>().map(|j| j.0).map_err(|e| ApiError::BadRequest(e.to_string()))
+    raw.parse::<JobId>()
+        .map(|j| j.0)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
 /// One job.
 #[utoipa::path(get, path = "/v1/jobs/{id}", responses((status = 200, body = JobView), (status = 404, body = protocol::ErrorBody)))]
-pub async fn status(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> ApiResult<Json<JobView>> {
+pub async fn status(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobView>> {
     caller.require(Permission::ReadJobs)?;
     Ok(Json(job_view(app.store.get_job(job_id(&id)?).await?)))
 }
 
 /// Cancel a job: a pending job never starts; a running one's process group is killed.
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", responses((status = 200, body = CancelResponse)))]
-pub async fn cancel(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> ApiResult<Json<CancelResponse>> {
+pub async fn cancel(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<CancelResponse>> {
     caller.require(Permission::SubmitJobs)?;
     let id = job_id(&id)?;
-    let previous_state = app.store.cancel_job(id, &format!("token '{}'", caller.name)).await?;
+    let previous_state = app
+        .store
+        .cancel_job(id, &format!("token '{}'", caller.name))
+        .await?;
     let job = job_view(app.store.get_job(id).await?);
-    Ok(Json(CancelResponse { job, previous_state }))
+    Ok(Json(CancelResponse {
+        job,
+        previous_state,
+    }))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -174,7 +215,12 @@ pub async fn logs_page(
 fn parse_after(s: &str) -> ApiResult<LogCursor> {
     let bad = || ApiError::BadRequest(format!("after='{s}' is not TASK:ATTEMPT:SEQ"));
     let mut parts = s.split(':');
-    let mut next = || parts.next().and_then(|p| p.parse::<i64>().ok()).ok_or_else(bad);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| p.parse::<i64>().ok())
+            .ok_or_else(bad)
+    };
     let cursor = LogCursor {
         task_id: next()?,
         attempt: i32::try_from(next()?).map_err(|_| bad())?,
@@ -202,7 +248,11 @@ pub async fn logs_ws(
     }))
 }
 
-async fn follow_logs(app: AppState, job: i64, mut socket: WebSocket) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn follow_logs(
+    app: AppState,
+    job: i64,
+    mut socket: WebSocket,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut cursors: HashMap<(i64, i32), i64> = HashMap::new();
     let mut rx = app.hub.subscribe();
     loop {
@@ -212,7 +262,11 @@ async fn follow_logs(app: AppState, job: i64, mut socket: WebSocket) -> Result<(
         loop {
             let after: Vec<LogCursor> = cursors
                 .iter()
-                .map(|(&(task_id, attempt), &seq)| LogCursor { task_id, attempt, seq })
+                .map(|(&(task_id, attempt), &seq)| LogCursor {
+                    task_id,
+                    attempt,
+                    seq,
+                })
                 .collect();
             let lines = app.store.read_logs(job, &after, LOG_READ_LIMIT).await?;
             let full = lines.len() as i64 == LOG_READ_LIMIT;
@@ -239,13 +293,14 @@ async fn follow_logs(app: AppState, job: i64, mut socket: WebSocket) -> Result<(
                 exit_code: row.exit_code,
                 reason: row.reason,
             };
-            socket.send(Message::Text(serde_json::to_string(&end)?.into())).await?;
+            socket
+                .send(Message::Text(serde_json::to_string(&end)?.into()))
+                .await?;
             socket.send(Message::Close(None)).await.ok();
             return Ok(());
         }
-        let relevant = |w: &Wakeup| {
-            matches!(w, Wakeup::Notified { job_id: Some(j), .. } if *j == job)
-        };
+        let relevant =
+            |w: &Wakeup| matches!(w, Wakeup::Notified { job_id: Some(j), .. } if *j == job);
         tokio::select! {
             _ = crate::hub::wait_for(&mut rx, relevant) => {}
             _ = tokio::time::sleep(LOG_SAFETY_POLL) => {}
@@ -261,7 +316,11 @@ async fn follow_logs(app: AppState, job: i64, mut socket: WebSocket) -> Result<(
 
 /// The job's packed outputs (`.tar.gz`).
 #[utoipa::path(get, path = "/v1/jobs/{id}/outputs", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn download_outputs(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn download_outputs(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     caller.require(Permission::ReadJobs)?;
     let id = job_id(&id)?;
     let job = app.store.get_job(id).await?;
@@ -279,14 +338,20 @@ pub async fn download_outputs(State(app): State<AppState>, caller: Caller, Path(
             ))
         });
     };
-    let got = app.objects.get(&object_store::path::Path::from(key)).await?;
+    let got = app
+        .objects
+        .get(&object_store::path::Path::from(key))
+        .await?;
     let size = got.meta.size;
     let body = Body::from_stream(got.into_stream());
     Ok((
         [
             (header::CONTENT_TYPE, "application/gzip".to_string()),
             (header::CONTENT_LENGTH, size.to_string()),
-            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"job-{id}-outputs.tar.gz\"")),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"job-{id}-outputs.tar.gz\""),
+            ),
         ],
         body,
     )

@@ -3,15 +3,15 @@
 //! so any replica serves any request and any number can run side by side.
 //!
 //! # Layout
-//! - [`server`]: configuration, the router and `serve`.
-//! - [`auth`]: bearer tokens to callers with roles; minting secrets.
-//! - [`error`]: `ApiError`, the one error type, with its status and stable code.
-//! - [`jobs`]: submit, list, status, cancel, logs (page and websocket), outputs download.
-//! - [`blobs`]: content-addressed source uploads and downloads.
-//! - [`worker_channel`]: register, long poll, heartbeat, started, logs, outputs, complete.
-//! - [`hub`]: one LISTEN connection per replica fanned out to waiting requests.
-//! - [`sweeper`]: the leader election loop and the rescue of lost workers.
-//! - [`openapi`]: the generated OpenAPI document.
+//! - [`server`] — configuration, the router and `serve`.
+//! - [`auth`] — bearer tokens to callers with roles; minting secrets.
+//! - [`error`] — `ApiError`, the one error type, with its status and stable code.
+//! - [`jobs`] — submit, list, status, cancel, logs (page and websocket), outputs download.
+//! - [`blobs`] — content-addressed source uploads and downloads.
+//! - [`worker_channel`] — register, long poll, heartbeat, started, logs, outputs, complete.
+//! - [`hub`] — one LISTEN connection per replica fanned out to waiting requests.
+//! - [`sweeper`] — the leader election loop and the rescue of lost workers.
+//! - [`openapi`] — the generated OpenAPI document.
 
 pub mod auth;
 pub mod blobs;

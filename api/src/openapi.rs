@@ -5,7 +5,11 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "GPUlayer API", version = "1", description = "Jobs, logs, outputs and the worker channel. Every call needs `Authorization: Bearer <token>`."),
+    info(
+        title = "GPUlayer API",
+        version = "1",
+        description = "Jobs, logs, outputs and the worker channel. Every call needs `Authorization: Bearer <token>`."
+    ),
     paths(
         crate::jobs::submit,
         crate::jobs::list,

@@ -64,14 +64,35 @@ pub fn router(state: AppState) -> Router {
             "/blobs/{digest}",
             put(blobs::upload).head(blobs::exists).get(blobs::download),
         )
-        .route("/workers", post(worker_channel::register).get(worker_channel::list))
-        .route("/workers/{worker}", axum::routing::delete(worker_channel::deregister))
+        .route(
+            "/workers",
+            post(worker_channel::register).get(worker_channel::list),
+        )
+        .route(
+            "/workers/{worker}",
+            axum::routing::delete(worker_channel::deregister),
+        )
         .route("/workers/{worker}/poll", post(worker_channel::poll))
-        .route("/workers/{worker}/heartbeat", post(worker_channel::heartbeat))
-        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/started", post(worker_channel::started))
-        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/logs", post(worker_channel::append_logs))
-        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs", put(worker_channel::upload_outputs))
-        .route("/workers/{worker}/tasks/{task}/attempts/{attempt}/complete", post(worker_channel::complete))
+        .route(
+            "/workers/{worker}/heartbeat",
+            post(worker_channel::heartbeat),
+        )
+        .route(
+            "/workers/{worker}/tasks/{task}/attempts/{attempt}/started",
+            post(worker_channel::started),
+        )
+        .route(
+            "/workers/{worker}/tasks/{task}/attempts/{attempt}/logs",
+            post(worker_channel::append_logs),
+        )
+        .route(
+            "/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs",
+            put(worker_channel::upload_outputs),
+        )
+        .route(
+            "/workers/{worker}/tasks/{task}/attempts/{attempt}/complete",
+            post(worker_channel::complete),
+        )
         // Sources and outputs stream to the object store; JSON bodies stay small.
         .layer(DefaultBodyLimit::max(16 * 1024 * 1024));
     Router::new()
@@ -98,7 +119,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let sweeper = tokio::spawn(crate::sweeper::run(state.store.clone(), state.config.lease));
-    let result = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
+    let result = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await;
     sweeper.abort();
     result
 }

@@ -52,7 +52,10 @@ mod tests {
     fn the_sweep_runs_a_few_times_per_lease_within_bounds() {
         let cases = [(1, 250), (4, 1000), (10, 2500), (60, 5000)];
         for (lease_s, expect_ms) in cases {
-            assert_eq!(sweep_interval(Duration::from_secs(lease_s)), Duration::from_millis(expect_ms));
+            assert_eq!(
+                sweep_interval(Duration::from_secs(lease_s)),
+                Duration::from_millis(expect_ms)
+            );
         }
     }
 }

@@ -17,8 +17,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use domain::{Attempt, Inventory, JobId, TaskId, WorkerId};
 use protocol::{
-    Assignment, CompleteRequest, HeartbeatRequest, LogBatch, PollRequest, PollResponse, RegisterRequest,
-    RegisterResponse, StopOrder, StopWhy, TaskLease, WorkerList, WorkerSummary,
+    Assignment, CompleteRequest, HeartbeatRequest, LogBatch, PollRequest, PollResponse,
+    RegisterRequest, RegisterResponse, StopOrder, StopWhy, TaskLease, WorkerList, WorkerSummary,
 };
 use std::time::Duration;
 use store::{Channel, Completion, StopReason, Wakeup};
@@ -35,7 +35,11 @@ const POLL_SAFETY_RECHECK: Duration = Duration::from_secs(5);
 const MAX_LOG_BATCH: usize = 5000;
 
 fn worker_name_ok(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 /// Register a worker (join token).
@@ -54,7 +58,9 @@ pub async fn register(
         )));
     }
     if req.slots == 0 {
-        return Err(ApiError::BadRequest("a worker needs at least 1 slot".into()));
+        return Err(ApiError::BadRequest(
+            "a worker needs at least 1 slot".into(),
+        ));
     }
     let id = app
         .store
@@ -101,18 +107,25 @@ pub async fn list(State(app): State<AppState>, caller: Caller) -> ApiResult<Json
 
 /// A worker leaving on purpose; its unfinished tasks fail at once.
 #[utoipa::path(delete, path = "/v1/workers/{worker}", responses((status = 204)))]
-pub async fn deregister(State(app): State<AppState>, caller: Caller, Path(worker): Path<i64>) -> ApiResult<StatusCode> {
+pub async fn deregister(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(worker): Path<i64>,
+) -> ApiResult<StatusCode> {
     caller.require(Permission::ActAsWorker)?;
-    app.store.deregister_worker(worker, "the worker shut down").await?;
+    app.store
+        .deregister_worker(worker, "the worker shut down")
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn worker_inventory(app: &AppState, worker: i64) -> ApiResult<Inventory> {
-    let row: Option<sqlx::types::Json<Inventory>> = sqlx::query_scalar("SELECT inventory FROM workers WHERE id = $1")
-        .bind(worker)
-        .fetch_optional(app.store.pool())
-        .await
-        .map_err(store::StoreError::from)?;
+    let row: Option<sqlx::types::Json<Inventory>> =
+        sqlx::query_scalar("SELECT inventory FROM workers WHERE id = $1")
+            .bind(worker)
+            .fetch_optional(app.store.pool())
+            .await
+            .map_err(store::StoreError::from)?;
     row.map(|j| j.0)
         .ok_or_else(|| ApiError::NotFound(format!("worker {worker} is not registered")))
 }
@@ -146,12 +159,18 @@ pub async fn poll(
     let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_POLL_WAIT);
     let inventory = worker_inventory(&app, worker).await?;
     let accelerators = inventory.runnable_accelerators();
-    let running: Vec<(i64, i32)> = req.running.iter().map(|l| (l.task.0, l.attempt.0)).collect();
+    let running: Vec<(i64, i32)> = req
+        .running
+        .iter()
+        .map(|l| (l.task.0, l.attempt.0))
+        .collect();
     // Subscribe before the first check so a NOTIFY between check and wait is not missed.
     let mut rx = app.hub.subscribe();
     app.store.heartbeat(worker).await?;
     let running_ids: Vec<i64> = running.iter().map(|r| r.0).collect();
-    app.store.reconcile_worker_tasks(worker, &running_ids).await?;
+    app.store
+        .reconcile_worker_tasks(worker, &running_ids)
+        .await?;
     loop {
         let stop = stop_orders(app.store.stop_orders(worker, &running).await?);
         let claimed = app
@@ -173,7 +192,13 @@ pub async fn poll(
             return Ok(Json(PollResponse { assignments, stop }));
         }
         let relevant = |w: &Wakeup| {
-            matches!(w, Wakeup::Notified { channel: Channel::Work | Channel::Stop, .. })
+            matches!(
+                w,
+                Wakeup::Notified {
+                    channel: Channel::Work | Channel::Stop,
+                    ..
+                }
+            )
         };
         tokio::select! {
             _ = crate::hub::wait_for(&mut rx, relevant) => {}
@@ -194,9 +219,16 @@ pub async fn heartbeat(
     caller.require(Permission::ActAsWorker)?;
     let req = json_body(body)?;
     app.store.heartbeat(worker).await?;
-    let running: Vec<(i64, i32)> = req.running.iter().map(|l| (l.task.0, l.attempt.0)).collect();
+    let running: Vec<(i64, i32)> = req
+        .running
+        .iter()
+        .map(|l| (l.task.0, l.attempt.0))
+        .collect();
     let stop = stop_orders(app.store.stop_orders(worker, &running).await?);
-    Ok(Json(PollResponse { assignments: vec![], stop }))
+    Ok(Json(PollResponse {
+        assignments: vec![],
+        stop,
+    }))
 }
 
 /// The task's process has started.
@@ -222,9 +254,15 @@ pub async fn append_logs(
     caller.require(Permission::ActAsWorker)?;
     let batch = json_body(body)?;
     if batch.lines.len() > MAX_LOG_BATCH {
-        return Err(ApiError::BadRequest(format!("at most {MAX_LOG_BATCH} lines per batch")));
+        return Err(ApiError::BadRequest(format!(
+            "at most {MAX_LOG_BATCH} lines per batch"
+        )));
     }
-    let lines: Vec<(i64, i16, String)> = batch.lines.into_iter().map(|l| (l.seq, l.stream.as_i16(), l.text)).collect();
+    let lines: Vec<(i64, i16, String)> = batch
+        .lines
+        .into_iter()
+        .map(|l| (l.seq, l.stream.as_i16(), l.text))
+        .collect();
     app.store.append_logs(worker, task, attempt, &lines).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -240,8 +278,12 @@ pub async fn upload_outputs(
     caller.require(Permission::ActAsWorker)?;
     let job = app.store.check_lease(worker, task, attempt).await?;
     let key = format!("outputs/{job}/task-{task}-attempt-{attempt}.tar.gz");
-    let (_, bytes) = crate::blobs::store_stream(&app, &object_store::path::Path::from(key.as_str()), body).await?;
-    app.store.set_outputs(worker, task, attempt, &key, bytes as i64).await?;
+    let (_, bytes) =
+        crate::blobs::store_stream(&app, &object_store::path::Path::from(key.as_str()), body)
+            .await?;
+    app.store
+        .set_outputs(worker, task, attempt, &key, bytes as i64)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -259,6 +301,8 @@ pub async fn complete(
         exit_code: req.exit_code,
         error: req.error,
     };
-    app.store.complete_task(worker, task, attempt, &done).await?;
+    app.store
+        .complete_task(worker, task, attempt, &done)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

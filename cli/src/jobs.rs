@@ -51,7 +51,10 @@ pub(crate) struct JobsArgs {
 }
 
 fn worker_name(job: &JobView) -> String {
-    job.worker.as_ref().map(|w| w.name.clone()).unwrap_or_else(|| "-".into())
+    job.worker
+        .as_ref()
+        .map(|w| w.name.clone())
+        .unwrap_or_else(|| "-".into())
 }
 
 fn runtime(job: &JobView) -> String {
@@ -88,13 +91,27 @@ pub(crate) async fn list(args: JobsArgs) -> Result<()> {
                 worker_name(j),
                 table::ago(j.created_at),
                 runtime(j),
-                j.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-                domain::Command::parse(j.command.clone()).map(|c| c.to_string()).unwrap_or_default(),
+                j.exit_code
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                domain::Command::parse(j.command.clone())
+                    .map(|c| c.to_string())
+                    .unwrap_or_default(),
             ]
         })
         .collect();
     table::print(
-        &["ID", "NAME", "STATE", "ACCEL", "WORKER", "SUBMITTED", "RUNTIME", "EXIT", "COMMAND"],
+        &[
+            "ID",
+            "NAME",
+            "STATE",
+            "ACCEL",
+            "WORKER",
+            "SUBMITTED",
+            "RUNTIME",
+            "EXIT",
+            "COMMAND",
+        ],
         &rows,
     );
     Ok(())
@@ -108,7 +125,9 @@ pub(crate) async fn status(args: JobArg) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&job)?);
         return Ok(());
     }
-    let command = domain::Command::parse(job.command.clone()).map(|c| c.to_string()).unwrap_or_default();
+    let command = domain::Command::parse(job.command.clone())
+        .map(|c| c.to_string())
+        .unwrap_or_default();
     let mut lines = vec![
         ("job", job.id.to_string()),
         ("name", job.name.clone().unwrap_or_else(|| "-".into())),
@@ -117,11 +136,26 @@ pub(crate) async fn status(args: JobArg) -> Result<()> {
         ("accelerator", job.accelerator.to_string()),
         ("worker", worker_name(&job)),
         ("attempt", job.attempt.to_string()),
-        ("submitted", format!("{} by {}", table::ago(job.created_at), job.submitted_by.as_deref().unwrap_or("-"))),
+        (
+            "submitted",
+            format!(
+                "{} by {}",
+                table::ago(job.created_at),
+                job.submitted_by.as_deref().unwrap_or("-")
+            ),
+        ),
         ("runtime", runtime(&job)),
     ];
     if let Some(source) = &job.source {
-        lines.push(("source", format!("{} ({} files, {})", source.digest.short(), source.files, table::bytes(source.bytes))));
+        lines.push((
+            "source",
+            format!(
+                "{} ({} files, {})",
+                source.digest.short(),
+                source.files,
+                table::bytes(source.bytes)
+            ),
+        ));
     }
     if let Some(code) = job.exit_code {
         lines.push(("exit code", code.to_string()));
@@ -130,7 +164,10 @@ pub(crate) async fn status(args: JobArg) -> Result<()> {
         lines.push(("reason", reason.clone()));
     }
     if let Some(b) = job.outputs_bytes {
-        lines.push(("outputs", format!("{} (gpulayer download {})", table::bytes(b as u64), job.id)));
+        lines.push((
+            "outputs",
+            format!("{} (gpulayer download {})", table::bytes(b as u64), job.id),
+        ));
     }
     for (k, v) in lines {
         println!("{:<12} {v}", format!("{k}:"));
@@ -153,14 +190,20 @@ pub(crate) struct WaitArgs {
 pub(crate) async fn wait(args: WaitArgs) -> Result<()> {
     let id = parse_job(&args.job)?;
     let client = crate::settings::client()?;
-    let deadline = args.timeout.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let deadline = args
+        .timeout
+        .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
     let job = loop {
         let job = client.job(id).await?;
         if job.state.is_terminal() {
             break job;
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            eprintln!("job {id} is still {} after {}s", job.state, args.timeout.unwrap_or_default());
+            eprintln!(
+                "job {id} is still {} after {}s",
+                job.state,
+                args.timeout.unwrap_or_default()
+            );
             return Err(crate::Exit(124).into());
         }
         tokio::time::sleep(WAIT_POLL).await;
@@ -168,7 +211,11 @@ pub(crate) async fn wait(args: WaitArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
     } else {
-        let why = job.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        let why = job
+            .reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
         eprintln!("job {id} {}{why}", job.state);
     }
     let code = exit_code_for(job.state, job.exit_code);
@@ -185,7 +232,10 @@ pub(crate) async fn cancel(args: JobArg) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&resp)?);
     } else if resp.previous_state.is_terminal() {
-        println!("job {id} had already {}; nothing to cancel", resp.previous_state);
+        println!(
+            "job {id} had already {}; nothing to cancel",
+            resp.previous_state
+        );
     } else {
         println!("cancelled job {id} (was {})", resp.previous_state);
     }
@@ -206,7 +256,9 @@ pub(crate) struct DownloadArgs {
 pub(crate) async fn download(args: DownloadArgs) -> Result<()> {
     let id = parse_job(&args.job)?;
     let client = crate::settings::client()?;
-    let dest = args.dest.unwrap_or_else(|| PathBuf::from(format!("job-{id}-outputs")));
+    let dest = args
+        .dest
+        .unwrap_or_else(|| PathBuf::from(format!("job-{id}-outputs")));
     let tmp = tempfile::NamedTempFile::new().context("cannot create a temporary file")?;
     let bar = if std::io::stderr().is_terminal() && !args.json {
         indicatif::ProgressBar::new(0)
@@ -244,7 +296,11 @@ pub(crate) async fn download(args: DownloadArgs) -> Result<()> {
         for f in &files {
             println!("{}", dest.join(f).display());
         }
-        eprintln!("{} file(s) from job {id} in {}", files.len(), dest.display());
+        eprintln!(
+            "{} file(s) from job {id} in {}",
+            files.len(),
+            dest.display()
+        );
     }
     Ok(())
 }
@@ -286,13 +342,20 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
                 w.name.clone(),
                 w.state.clone(),
                 format!("{}/{}", w.busy_slots, w.slots),
-                format!("{} cpus, {}", w.inventory.cpus, table::bytes(w.inventory.memory_bytes)),
+                format!(
+                    "{} cpus, {}",
+                    w.inventory.cpus,
+                    table::bytes(w.inventory.memory_bytes)
+                ),
                 w.last_seen.map(table::ago).unwrap_or_else(|| "-".into()),
                 devices,
             ]
         })
         .collect();
-    table::print(&["ID", "NAME", "STATE", "BUSY", "HOST", "SEEN", "DEVICES"], &rows);
+    table::print(
+        &["ID", "NAME", "STATE", "BUSY", "HOST", "SEEN", "DEVICES"],
+        &rows,
+    );
     Ok(())
 }
 

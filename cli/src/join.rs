@@ -48,7 +48,8 @@ pub(crate) async fn run(args: JoinArgs) -> Result<()> {
     let work_root = args
         .work_dir
         .unwrap_or_else(|| crate::settings::default_data_dir().join(format!("worker-{name}")));
-    std::fs::create_dir_all(&work_root).with_context(|| format!("cannot create {}", work_root.display()))?;
+    std::fs::create_dir_all(&work_root)
+        .with_context(|| format!("cannot create {}", work_root.display()))?;
     let config = worker::WorkerConfig {
         url: args.url,
         token: args.token,
@@ -68,9 +69,13 @@ mod tests {
 
     #[test]
     fn labels_are_key_value_pairs() {
-        let ok = parse_labels(&["zone=a".into(), "gpulayer.dev/network-group=rack1".into()]).unwrap();
+        let ok =
+            parse_labels(&["zone=a".into(), "gpulayer.dev/network-group=rack1".into()]).unwrap();
         assert_eq!(ok["gpulayer.dev/network-group"], "rack1");
         let err = parse_labels(&["zone".into()]).unwrap_err().to_string();
-        assert_eq!(err, "label 'zone' is not KEY=VALUE (e.g. --label zone=us-east1-b)");
+        assert_eq!(
+            err,
+            "label 'zone' is not KEY=VALUE (e.g. --label zone=us-east1-b)"
+        );
     }
 }

@@ -42,20 +42,31 @@ pub(crate) fn print_line(line: &LogLine, json: bool) {
 /// (e.g. a lost worker), 130 for a cancelled job.
 pub(crate) fn job_exit_code(end: &LogStreamMessage) -> u8 {
     match end {
-        LogStreamMessage::End { state, exit_code, .. } => crate::jobs::exit_code_for(*state, *exit_code),
+        LogStreamMessage::End {
+            state, exit_code, ..
+        } => crate::jobs::exit_code_for(*state, *exit_code),
         LogStreamMessage::Line(_) => 1,
     }
 }
 
 /// Streams lines until the job ends and returns the end message; says why it ended on stderr
 /// unless it succeeded.
-pub(crate) async fn follow(client: &client::Client, job: i64, json: bool) -> Result<LogStreamMessage> {
-    let end = client.follow_logs(job, |line| print_line(line, json)).await?;
+pub(crate) async fn follow(
+    client: &client::Client,
+    job: i64,
+    json: bool,
+) -> Result<LogStreamMessage> {
+    let end = client
+        .follow_logs(job, |line| print_line(line, json))
+        .await?;
     if let LogStreamMessage::End { state, reason, .. } = &end {
         if json {
             println!("{}", serde_json::to_string(&end)?);
         } else if *state != domain::JobState::Succeeded {
-            let why = reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+            let why = reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
             eprintln!("[gpulayer] job {job} {state}{why}");
         }
     }

@@ -3,12 +3,12 @@
 //! command is a client of the REST API.
 //!
 //! # Layout
-//! - [`settings`]: where the server URL and token come from (env, then config file).
+//! - [`settings`] — where the server URL and token come from (env, then config file).
 //! - [`up`], [`join`]: the server and worker processes.
-//! - [`submit`]: packing a source and submitting a job.
-//! - [`jobs`]: jobs, status, wait, cancel, download, workers.
-//! - [`logs`]: printing and following log lines.
-//! - [`table`]: human output.
+//! - [`submit`] — packing a source and submitting a job.
+//! - [`jobs`] — jobs, status, wait, cancel, download, workers.
+//! - [`logs`] — printing and following log lines.
+//! - [`table`] — human output.
 
 mod jobs;
 mod join;
@@ -22,7 +22,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
-#[command(name = "gpulayer", version, about = "One layer between your code and every GPU you can reach")]
+#[command(
+    name = "gpulayer",
+    version,
+    about = "One layer between your code and every GPU you can reach"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,7 +59,10 @@ enum Command {
 fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPULAYER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// An error that sets its own exit code and has already been reported (or needs no report).
@@ -73,7 +80,11 @@ impl std::error::Error for Exit {}
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let server_side = matches!(cli.command, Command::Up(_) | Command::Join(_));
-    init_tracing(if server_side { "info,sqlx=warn,tower_http=warn" } else { "warn" });
+    init_tracing(if server_side {
+        "info,sqlx=warn,tower_http=warn"
+    } else {
+        "warn"
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

@@ -17,7 +17,9 @@ pub(crate) struct ConfigFile {
 static TOKEN_SOURCE: OnceLock<String> = OnceLock::new();
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"))
 }
 
 pub(crate) fn config_path() -> PathBuf {
@@ -38,7 +40,9 @@ pub(crate) fn default_data_dir() -> PathBuf {
 
 pub(crate) fn read_config(path: &Path) -> Result<ConfigFile> {
     match std::fs::read_to_string(path) {
-        Ok(text) => toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display())),
+        Ok(text) => {
+            toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display()))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ConfigFile::default()),
         Err(e) => Err(anyhow!("cannot read {}: {e}", path.display())),
     }
@@ -70,7 +74,9 @@ pub(crate) fn write_config(path: &Path, config: &ConfigFile) -> Result<()> {
 pub(crate) fn client() -> Result<Client> {
     let path = config_path();
     let env_url = std::env::var("GPULAYER_URL").ok().filter(|s| !s.is_empty());
-    let env_token = std::env::var("GPULAYER_TOKEN").ok().filter(|s| !s.is_empty());
+    let env_token = std::env::var("GPULAYER_TOKEN")
+        .ok()
+        .filter(|s| !s.is_empty());
     let file = if env_url.is_some() && env_token.is_some() {
         ConfigFile::default()
     } else {
@@ -99,7 +105,10 @@ pub(crate) fn client() -> Result<Client> {
 /// The one-line message for an error, naming the setting to fix when the token was refused.
 pub(crate) fn explain(e: &anyhow::Error) -> String {
     if let Some(ClientError::Unauthorized { url, message }) = e.downcast_ref::<ClientError>() {
-        let source = TOKEN_SOURCE.get().map(String::as_str).unwrap_or("GPULAYER_TOKEN");
+        let source = TOKEN_SOURCE
+            .get()
+            .map(String::as_str)
+            .unwrap_or("GPULAYER_TOKEN");
         return format!("the server at {url} rejected the token ({message}); fix {source}");
     }
     format!("{e:#}")

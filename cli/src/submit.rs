@@ -46,8 +46,16 @@ fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
         command: Command::parse(args.command.clone())?,
         accelerator: args.accelerator.parse::<Accelerator>()?,
         source: None,
-        outputs: args.outputs.iter().map(|g| OutputGlob::parse(g)).collect::<Result<_, _>>()?,
-        env: args.env.iter().map(|e| EnvVar::parse(e)).collect::<Result<_, _>>()?,
+        outputs: args
+            .outputs
+            .iter()
+            .map(|g| OutputGlob::parse(g))
+            .collect::<Result<_, _>>()?,
+        env: args
+            .env
+            .iter()
+            .map(|e| EnvVar::parse(e))
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -85,16 +93,28 @@ fn check_source_dir(dir: &Path) -> Result<()> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => bail!("--source {} is not a directory", dir.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("--source {} does not exist", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("--source {} does not exist", dir.display())
+        }
         Err(e) => bail!("cannot read --source {}: {e}", dir.display()),
     }
 }
 
 /// Packs `dir` into a temporary file and uploads it unless the server already has it.
-async fn ship_source(client: &client::Client, dir: &Path, show_progress: bool) -> Result<SourceRef> {
-    let packed = tempfile::NamedTempFile::new().context("cannot create a temporary file for the source")?;
+async fn ship_source(
+    client: &client::Client,
+    dir: &Path,
+    show_progress: bool,
+) -> Result<SourceRef> {
+    let packed =
+        tempfile::NamedTempFile::new().context("cannot create a temporary file for the source")?;
     let bar = progress_bar(show_progress, "packing");
-    let (dir_owned, file) = (dir.to_path_buf(), packed.reopen().context("cannot reopen the temporary file")?);
+    let (dir_owned, file) = (
+        dir.to_path_buf(),
+        packed
+            .reopen()
+            .context("cannot reopen the temporary file")?,
+    );
     let pack_bar = bar.clone();
     let summary = tokio::task::spawn_blocking(move || {
         archive::pack_dir(&dir_owned, std::io::BufWriter::new(file), |done, total| {
@@ -111,7 +131,9 @@ async fn ship_source(client: &client::Client, dir: &Path, show_progress: bool) -
         bar.set_length(summary.bytes);
         let upload_bar = bar.clone();
         client
-            .upload_blob(digest.as_str(), packed.path(), move |sent| upload_bar.set_position(sent))
+            .upload_blob(digest.as_str(), packed.path(), move |sent| {
+                upload_bar.set_position(sent)
+            })
             .await?;
         bar.finish_and_clear();
     }
@@ -157,15 +179,31 @@ mod tests {
     fn bad_input_is_refused_before_anything_is_sent() {
         let cases: &[(&[&str], &str)] = &[
             (&[], "no command given"),
-            (&["--accelerator", "tpu", "--", "true"], "unknown accelerator 'tpu'"),
+            (
+                &["--accelerator", "tpu", "--", "true"],
+                "unknown accelerator 'tpu'",
+            ),
             (&["--env", "NOPE", "--", "true"], "'NOPE' is not KEY=VALUE"),
-            (&["--output", "/etc/passwd", "--", "true"], "must be a relative path"),
+            (
+                &["--output", "/etc/passwd", "--", "true"],
+                "must be a relative path",
+            ),
         ];
         for (argv, expect) in cases {
             let err = parse(argv).unwrap_err().to_string();
             assert!(err.contains(expect), "{argv:?}: {err}");
         }
-        let spec = parse(&["--accelerator", "cuda", "--env", "A=1", "--", "python3", "-c", "print(1)"]).unwrap();
+        let spec = parse(&[
+            "--accelerator",
+            "cuda",
+            "--env",
+            "A=1",
+            "--",
+            "python3",
+            "-c",
+            "print(1)",
+        ])
+        .unwrap();
         assert_eq!(spec.command.argv(), ["python3", "-c", "print(1)"]);
         assert_eq!(spec.accelerator, Accelerator::Cuda);
     }

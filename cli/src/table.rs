@@ -52,7 +52,11 @@ pub(crate) fn bytes(n: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
 }
 
 #[cfg(test)]
@@ -61,14 +65,24 @@ mod tests {
 
     #[test]
     fn durations_read_naturally() {
-        for (secs, expect) in [(0, "0s"), (59, "59s"), (61, "1m01s"), (3725, "1h02m"), (90000, "1d1h")] {
+        for (secs, expect) in [
+            (0, "0s"),
+            (59, "59s"),
+            (61, "1m01s"),
+            (3725, "1h02m"),
+            (90000, "1d1h"),
+        ] {
             assert_eq!(duration(secs), expect);
         }
     }
 
     #[test]
     fn sizes_use_binary_units() {
-        for (n, expect) in [(12, "12 B"), (2048, "2.0 KiB"), (5 * 1024 * 1024 + 1, "5.0 MiB")] {
+        for (n, expect) in [
+            (12, "12 B"),
+            (2048, "2.0 KiB"),
+            (5 * 1024 * 1024 + 1, "5.0 MiB"),
+        ] {
             assert_eq!(bytes(n), expect);
         }
     }

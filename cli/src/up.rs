@@ -48,12 +48,17 @@ pub(crate) async fn shutdown_signal() {
 }
 
 pub(crate) async fn run(args: UpArgs) -> Result<()> {
-    let data_dir = args.data_dir.clone().unwrap_or_else(settings::default_data_dir);
-    std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(settings::default_data_dir);
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
 
     let (store, embedded) = match &args.database_url {
         Some(url) => {
-            let options = Store::parse_url(url).context("--database-url is not a valid PostgreSQL URL")?;
+            let options =
+                Store::parse_url(url).context("--database-url is not a valid PostgreSQL URL")?;
             let store = Store::open(options)
                 .await
                 .context("cannot open the database given by --database-url")?;
@@ -74,7 +79,8 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     };
 
     let objects_dir = data_dir.join("objects");
-    std::fs::create_dir_all(&objects_dir).with_context(|| format!("cannot create {}", objects_dir.display()))?;
+    std::fs::create_dir_all(&objects_dir)
+        .with_context(|| format!("cannot create {}", objects_dir.display()))?;
     let objects = object_store::local::LocalFileSystem::new_with_prefix(&objects_dir)
         .with_context(|| format!("cannot use {} as the object store", objects_dir.display()))?;
 
@@ -115,8 +121,14 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     } else {
         println!("GPUlayer API listening on {url}");
         match &admin_token {
-            Some(t) => println!("admin token: {t}\n  (shown once; saved to {})", config_path.display()),
-            None => println!("admin token: created on first start (see {})", config_path.display()),
+            Some(t) => println!(
+                "admin token: {t}\n  (shown once; saved to {})",
+                config_path.display()
+            ),
+            None => println!(
+                "admin token: created on first start (see {})",
+                config_path.display()
+            ),
         }
         println!("join a worker with:\n  {join_command}");
     }
@@ -160,7 +172,9 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     store.close().await;
     if let Some(pg) = embedded {
-        pg.stop().await.context("cannot stop the embedded PostgreSQL")?;
+        pg.stop()
+            .await
+            .context("cannot stop the embedded PostgreSQL")?;
     }
     Ok(())
 }
@@ -171,10 +185,10 @@ async fn join_token(store: &Store, data_dir: &Path) -> Result<String> {
     let path = data_dir.join("join-token");
     if let Ok(secret) = std::fs::read_to_string(&path) {
         let secret = secret.trim().to_string();
-        if let Some(t) = store.find_token(&secret).await? {
-            if t.role == Role::Join {
-                return Ok(secret);
-            }
+        if let Some(t) = store.find_token(&secret).await?
+            && t.role == Role::Join
+        {
+            return Ok(secret);
         }
     }
     let secret = api::mint_secret("glj_");

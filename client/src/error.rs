@@ -4,14 +4,24 @@ use protocol::ErrorCode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("'{url}' is not a valid server URL ({detail}); set GPULAYER_URL to e.g. http://127.0.0.1:8470")]
+    #[error(
+        "'{url}' is not a valid server URL ({detail}); set GPULAYER_URL to e.g. http://127.0.0.1:8470"
+    )]
     BadUrl { url: String, detail: String },
-    #[error("cannot reach the GPUlayer server at {url}: {detail} (is `gpulayer up` running there? set GPULAYER_URL or `url` in the config file)")]
+    #[error(
+        "cannot reach the GPUlayer server at {url}: {detail} (is `gpulayer up` running there? set GPULAYER_URL or `url` in the config file)"
+    )]
     Unreachable { url: String, detail: String },
-    #[error("the server at {url} rejected the token: {message} (set GPULAYER_TOKEN or `token` in the config file)")]
+    #[error(
+        "the server at {url} rejected the token: {message} (set GPULAYER_TOKEN or `token` in the config file)"
+    )]
     Unauthorized { url: String, message: String },
     #[error("{message}")]
-    Api { status: u16, code: ErrorCode, message: String },
+    Api {
+        status: u16,
+        code: ErrorCode,
+        message: String,
+    },
     #[error("unexpected answer from {url}: {detail}")]
     Protocol { url: String, detail: String },
     #[error("{context}: {source}")]

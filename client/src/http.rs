@@ -4,8 +4,9 @@ use crate::error::ClientError;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use protocol::{
-    CancelResponse, CompleteRequest, ErrorBody, HeartbeatRequest, JobList, JobView, LogBatch, LogPage, PollRequest,
-    PollResponse, RegisterRequest, RegisterResponse, SubmitRequest, WorkerList,
+    CancelResponse, CompleteRequest, ErrorBody, HeartbeatRequest, JobList, JobView, LogBatch,
+    LogPage, PollRequest, PollResponse, RegisterRequest, RegisterResponse, SubmitRequest,
+    WorkerList,
 };
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
@@ -84,7 +85,11 @@ impl Client {
     }
 
     /// Sends, retrying transient failures when `idempotent`; maps error statuses to errors.
-    async fn send(&self, idempotent: bool, build: impl Fn() -> RequestBuilder) -> Result<Response, ClientError> {
+    async fn send(
+        &self,
+        idempotent: bool,
+        build: impl Fn() -> RequestBuilder,
+    ) -> Result<Response, ClientError> {
         let mut backoff = FIRST_BACKOFF;
         let mut tries = 0;
         loop {
@@ -113,7 +118,11 @@ impl Client {
             Ok(body) => (body.code, body.message),
             Err(_) => (
                 protocol::ErrorCode::Internal,
-                format!("HTTP {status} from {}: {}", self.base, text.chars().take(200).collect::<String>()),
+                format!(
+                    "HTTP {status} from {}: {}",
+                    self.base,
+                    text.chars().take(200).collect::<String>()
+                ),
             ),
         };
         if status == StatusCode::UNAUTHORIZED {
@@ -148,12 +157,19 @@ impl Client {
         body: &B,
         idempotent: bool,
     ) -> Result<T, ClientError> {
-        let resp = self.send(idempotent, || self.request(Method::POST, path).json(body)).await?;
+        let resp = self
+            .send(idempotent, || self.request(Method::POST, path).json(body))
+            .await?;
         self.json(resp).await
     }
 
-    async fn post_no_content<B: serde::Serialize>(&self, path: &str, body: &B) -> Result<(), ClientError> {
-        self.send(true, || self.request(Method::POST, path).json(body)).await?;
+    async fn post_no_content<B: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<(), ClientError> {
+        self.send(true, || self.request(Method::POST, path).json(body))
+            .await?;
         Ok(())
     }
 
@@ -161,12 +177,17 @@ impl Client {
 
     /// Readiness of the server (its database answers).
     pub async fn ready(&self) -> Result<(), ClientError> {
-        self.send(false, || self.http.get(format!("{}/readyz", self.base))).await?;
+        self.send(false, || self.http.get(format!("{}/readyz", self.base)))
+            .await?;
         Ok(())
     }
 
     /// Submits a job; `idempotency_key` makes retries safe.
-    pub async fn submit(&self, req: &SubmitRequest, idempotency_key: &str) -> Result<JobView, ClientError> {
+    pub async fn submit(
+        &self,
+        req: &SubmitRequest,
+        idempotency_key: &str,
+    ) -> Result<JobView, ClientError> {
         let resp = self
             .send(true, || {
                 self.request(Method::POST, "/v1/jobs")
@@ -190,7 +211,12 @@ impl Client {
     }
 
     pub async fn cancel(&self, id: i64) -> Result<CancelResponse, ClientError> {
-        self.post_json(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({}), true).await
+        self.post_json(
+            &format!("/v1/jobs/{id}/cancel"),
+            &serde_json::json!({}),
+            true,
+        )
+        .await
     }
 
     /// One page of log lines after `after` (`TASK:ATTEMPT:SEQ`).
@@ -277,7 +303,10 @@ impl Client {
     ) -> Result<u64, ClientError> {
         use tokio::io::AsyncWriteExt;
         let resp = self
-            .send(true, || self.request(Method::GET, path).timeout(Duration::from_secs(3600)))
+            .send(true, || {
+                self.request(Method::GET, path)
+                    .timeout(Duration::from_secs(3600))
+            })
             .await?;
         let total = resp.content_length();
         let io = |e| ClientError::Io {
@@ -298,7 +327,8 @@ impl Client {
     }
 
     pub async fn download_blob(&self, digest: &str, dest: &Path) -> Result<u64, ClientError> {
-        self.download_to(&format!("/v1/blobs/{digest}"), dest, |_, _| {}).await
+        self.download_to(&format!("/v1/blobs/{digest}"), dest, |_, _| {})
+            .await
     }
 
     /// Downloads the job's packed outputs to `dest`.
@@ -308,12 +338,16 @@ impl Client {
         dest: &Path,
         progress: impl FnMut(u64, Option<u64>),
     ) -> Result<u64, ClientError> {
-        self.download_to(&format!("/v1/jobs/{id}/outputs"), dest, progress).await
+        self.download_to(&format!("/v1/jobs/{id}/outputs"), dest, progress)
+            .await
     }
 
     // ---- the worker channel ----
 
-    pub async fn register_worker(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
+    pub async fn register_worker(
+        &self,
+        req: &RegisterRequest,
+    ) -> Result<RegisterResponse, ClientError> {
         // Not retried here: a lost answer would leave a second registration behind. The
         // worker's own loop retries, and the first one is declared lost after its lease.
         self.post_json("/v1/workers", req, false).await
@@ -324,15 +358,25 @@ impl Client {
         let path = format!("/v1/workers/{worker}/poll");
         let timeout = Duration::from_millis(req.wait_ms) + Duration::from_secs(15);
         let resp = self
-            .send(false, || self.request(Method::POST, &path).json(req).timeout(timeout))
+            .send(false, || {
+                self.request(Method::POST, &path).json(req).timeout(timeout)
+            })
             .await?;
         self.json(resp).await
     }
 
-    pub async fn heartbeat(&self, worker: i64, req: &HeartbeatRequest) -> Result<PollResponse, ClientError> {
+    pub async fn heartbeat(
+        &self,
+        worker: i64,
+        req: &HeartbeatRequest,
+    ) -> Result<PollResponse, ClientError> {
         let path = format!("/v1/workers/{worker}/heartbeat");
         let resp = self
-            .send(false, || self.request(Method::POST, &path).json(req).timeout(REQUEST_TIMEOUT))
+            .send(false, || {
+                self.request(Method::POST, &path)
+                    .json(req)
+                    .timeout(REQUEST_TIMEOUT)
+            })
             .await?;
         self.json(resp).await
     }
@@ -341,17 +385,43 @@ impl Client {
         format!("/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/{what}")
     }
 
-    pub async fn task_started(&self, worker: i64, task: i64, attempt: i32) -> Result<(), ClientError> {
-        self.post_no_content(&Self::task_path(worker, task, attempt, "started"), &serde_json::json!({}))
+    pub async fn task_started(
+        &self,
+        worker: i64,
+        task: i64,
+        attempt: i32,
+    ) -> Result<(), ClientError> {
+        self.post_no_content(
+            &Self::task_path(worker, task, attempt, "started"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
+    pub async fn append_logs(
+        &self,
+        worker: i64,
+        task: i64,
+        attempt: i32,
+        batch: &LogBatch,
+    ) -> Result<(), ClientError> {
+        self.post_no_content(&Self::task_path(worker, task, attempt, "logs"), batch)
             .await
     }
 
-    pub async fn append_logs(&self, worker: i64, task: i64, attempt: i32, batch: &LogBatch) -> Result<(), ClientError> {
-        self.post_no_content(&Self::task_path(worker, task, attempt, "logs"), batch).await
-    }
-
-    pub async fn upload_outputs(&self, worker: i64, task: i64, attempt: i32, file: &Path) -> Result<(), ClientError> {
-        self.put_file(&Self::task_path(worker, task, attempt, "outputs"), file, |_| {}).await
+    pub async fn upload_outputs(
+        &self,
+        worker: i64,
+        task: i64,
+        attempt: i32,
+        file: &Path,
+    ) -> Result<(), ClientError> {
+        self.put_file(
+            &Self::task_path(worker, task, attempt, "outputs"),
+            file,
+            |_| {},
+        )
+        .await
     }
 
     pub async fn complete_task(
@@ -361,12 +431,14 @@ impl Client {
         attempt: i32,
         req: &CompleteRequest,
     ) -> Result<(), ClientError> {
-        self.post_no_content(&Self::task_path(worker, task, attempt, "complete"), req).await
+        self.post_no_content(&Self::task_path(worker, task, attempt, "complete"), req)
+            .await
     }
 
     pub async fn deregister_worker(&self, worker: i64) -> Result<(), ClientError> {
         let path = format!("/v1/workers/{worker}");
-        self.send(true, || self.request(Method::DELETE, &path)).await?;
+        self.send(true, || self.request(Method::DELETE, &path))
+            .await?;
         Ok(())
     }
 
@@ -375,6 +447,9 @@ impl Client {
         &self,
         path: &str,
     ) -> Result<impl Stream<Item = Result<Bytes, reqwest::Error>> + use<>, ClientError> {
-        Ok(self.send(true, || self.request(Method::GET, path)).await?.bytes_stream())
+        Ok(self
+            .send(true, || self.request(Method::GET, path))
+            .await?
+            .bytes_stream())
     }
 }

@@ -5,9 +5,9 @@
 //! creates one job.
 //!
 //! # Layout
-//! - [`error`]: `ClientError`.
-//! - [`http`]: `Client`, the REST calls and the worker channel.
-//! - [`logs`]: following a job's logs over the websocket, reconnecting without repeats.
+//! - [`error`] — `ClientError`.
+//! - [`http`] — `Client`, the REST calls and the worker channel.
+//! - [`logs`] — following a job's logs over the websocket, reconnecting without repeats.
 
 pub mod error;
 pub mod http;

@@ -16,7 +16,11 @@ const RECONNECT_FOR: Duration = Duration::from_secs(120);
 impl Client {
     /// Calls `on_line` for every line of the job, live, until the job ends; returns the end
     /// message (state, exit code, reason).
-    pub async fn follow_logs(&self, id: i64, mut on_line: impl FnMut(&LogLine)) -> Result<LogStreamMessage, ClientError> {
+    pub async fn follow_logs(
+        &self,
+        id: i64,
+        mut on_line: impl FnMut(&LogLine),
+    ) -> Result<LogStreamMessage, ClientError> {
         let mut seen: HashMap<(i64, i32), i64> = HashMap::new();
         let mut failing_since: Option<tokio::time::Instant> = None;
         loop {
@@ -42,7 +46,9 @@ impl Client {
     ) -> Result<LogStreamMessage, ClientError> {
         let ws_url = format!(
             "{}/v1/jobs/{id}/logs/ws",
-            self.url().replacen("http://", "ws://", 1).replacen("https://", "wss://", 1)
+            self.url()
+                .replacen("http://", "ws://", 1)
+                .replacen("https://", "wss://", 1)
         );
         let unreachable = |detail: String| ClientError::Unreachable {
             url: self.url().to_string(),
@@ -53,10 +59,12 @@ impl Client {
             .into_client_request()
             .map_err(|e| unreachable(e.to_string()))?;
         if let Some(t) = self.token() {
-            let value = format!("Bearer {t}").parse().map_err(|_| ClientError::Unauthorized {
-                url: self.url().to_string(),
-                message: "the token has characters a header cannot carry".into(),
-            })?;
+            let value = format!("Bearer {t}")
+                .parse()
+                .map_err(|_| ClientError::Unauthorized {
+                    url: self.url().to_string(),
+                    message: "the token has characters a header cannot carry".into(),
+                })?;
             request.headers_mut().insert("authorization", value);
         }
         let (mut socket, _) = match tokio_tungstenite::connect_async(request).await {
@@ -65,7 +73,11 @@ impl Client {
                 // The server refused the upgrade with an error body: surface it as the REST
                 // call would (401, 404 ...).
                 let status = resp.status().as_u16();
-                let body = resp.body().as_ref().map(|b| String::from_utf8_lossy(b).to_string()).unwrap_or_default();
+                let body = resp
+                    .body()
+                    .as_ref()
+                    .map(|b| String::from_utf8_lossy(b).to_string())
+                    .unwrap_or_default();
                 let parsed: Option<protocol::ErrorBody> = serde_json::from_str(&body).ok();
                 let message = parsed.as_ref().map(|b| b.message.clone()).unwrap_or(body);
                 if status == 401 {
@@ -76,7 +88,9 @@ impl Client {
                 }
                 return Err(ClientError::Api {
                     status,
-                    code: parsed.map(|b| b.code).unwrap_or(protocol::ErrorCode::Internal),
+                    code: parsed
+                        .map(|b| b.code)
+                        .unwrap_or(protocol::ErrorCode::Internal),
                     message,
                 });
             }
@@ -89,10 +103,11 @@ impl Client {
                 Message::Close(_) => break,
                 _ => continue,
             };
-            let parsed: LogStreamMessage = serde_json::from_str(&text).map_err(|e| ClientError::Protocol {
-                url: self.url().to_string(),
-                detail: format!("bad log message: {e}"),
-            })?;
+            let parsed: LogStreamMessage =
+                serde_json::from_str(&text).map_err(|e| ClientError::Protocol {
+                    url: self.url().to_string(),
+                    detail: format!("bad log message: {e}"),
+                })?;
             match parsed {
                 LogStreamMessage::Line(line) => {
                     let key = (line.task.0, line.attempt.0);
@@ -105,6 +120,8 @@ impl Client {
                 end @ LogStreamMessage::End { .. } => return Ok(end),
             }
         }
-        Err(unreachable("the log stream closed before the job ended".into()))
+        Err(unreachable(
+            "the log stream closed before the job ended".into(),
+        ))
     }
 }

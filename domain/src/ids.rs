@@ -7,7 +7,9 @@ use std::str::FromStr;
 macro_rules! int_id {
     ($name:ident, $inner:ty, $what:literal) => {
         #[doc = concat!("The id of a ", $what, ".")]
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+        )]
         #[serde(transparent)]
         pub struct $name(pub $inner);
 
@@ -48,7 +50,10 @@ mod tests {
         assert_eq!("42".parse::<JobId>().unwrap(), JobId(42));
         assert_eq!(" 7 ".parse::<JobId>().unwrap(), JobId(7));
         let err = "j-42".parse::<JobId>().unwrap_err();
-        assert_eq!(err.to_string(), "'j-42' is not a job id (job ids are numbers, as `gpulayer jobs` shows them)");
+        assert_eq!(
+            err.to_string(),
+            "'j-42' is not a job id (job ids are numbers, as `gpulayer jobs` shows them)"
+        );
         assert!("-1".parse::<JobId>().is_err());
     }
 }

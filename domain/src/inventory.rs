@@ -122,7 +122,11 @@ mod tests {
             (&[Mps], &[Cpu, Mps, Any]),
         ];
         for (devices, expect) in cases {
-            assert_eq!(inventory(devices).runnable_accelerators(), expect.to_vec(), "{devices:?}");
+            assert_eq!(
+                inventory(devices).runnable_accelerators(),
+                expect.to_vec(),
+                "{devices:?}"
+            );
         }
     }
 

@@ -4,10 +4,10 @@
 //! No I/O, no async runtime: the scheduler and every other crate build on these types.
 //!
 //! # Layout
-//! - [`ids`]: typed ids for jobs, tasks, workers and attempts.
-//! - [`spec`]: what a user asks for (`JobSpec` and its parts).
-//! - [`inventory`]: what a worker has (`Inventory`, `Accelerator`).
-//! - [`state`]: job and task states and which transitions are legal.
+//! - [`ids`] — typed ids for jobs, tasks, workers and attempts.
+//! - [`spec`] — what a user asks for (`JobSpec` and its parts).
+//! - [`inventory`] — what a worker has (`Inventory`, `Accelerator`).
+//! - [`state`] — job and task states and which transitions are legal.
 
 pub mod ids;
 pub mod inventory;

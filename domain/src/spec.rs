@@ -7,7 +7,9 @@ use std::fmt;
 /// Everything a user can get wrong in a job spec, each with a message that says how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
-    #[error("no command given: put the command after `--`, e.g. `gpulayer submit -- python3 train.py`")]
+    #[error(
+        "no command given: put the command after `--`, e.g. `gpulayer submit -- python3 train.py`"
+    )]
     EmptyCommand,
     #[error("the command's first word is empty")]
     EmptyProgram,
@@ -15,17 +17,23 @@ pub enum SpecError {
     UnknownAccelerator(String),
     #[error("'{0}' is not KEY=VALUE (e.g. --env SEED=1)")]
     EnvNotKeyValue(String),
-    #[error("'{0}' is not a valid environment variable name (letters, digits and _, not starting with a digit)")]
+    #[error(
+        "'{0}' is not a valid environment variable name (letters, digits and _, not starting with a digit)"
+    )]
     EnvBadName(String),
     #[error("environment variable {0} is set by GPUlayer and cannot be overridden")]
     EnvReserved(String),
-    #[error("output glob '{0}' must be a relative path inside the job's work directory (no leading / and no ..)")]
+    #[error(
+        "output glob '{0}' must be a relative path inside the job's work directory (no leading / and no ..)"
+    )]
     OutputNotRelative(String),
     #[error("output glob is empty")]
     OutputEmpty,
     #[error("'{0}' is not a sha256 digest (64 lowercase hex characters)")]
     BadDigest(String),
-    #[error("job name '{0}' is too long or has control characters (at most 128 printable characters)")]
+    #[error(
+        "job name '{0}' is too long or has control characters (at most 128 printable characters)"
+    )]
     BadName(String),
     #[error("'{given}' is not a {what} id ({what} ids are numbers, as `gpulayer jobs` shows them)")]
     BadId { what: &'static str, given: String },
@@ -90,7 +98,12 @@ impl fmt::Display for Command {
 }
 
 /// Variables GPUlayer sets itself; a job may read them but not set them.
-pub const RESERVED_ENV: &[&str] = &["GPULAYER_JOB_ID", "GPULAYER_OUTPUT_DIR", "GPULAYER_TASK_ID", "GPULAYER_ATTEMPT"];
+pub const RESERVED_ENV: &[&str] = &[
+    "GPULAYER_JOB_ID",
+    "GPULAYER_OUTPUT_DIR",
+    "GPULAYER_TASK_ID",
+    "GPULAYER_ATTEMPT",
+];
 
 /// One `KEY=VALUE` for the job's environment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,7 +207,9 @@ pub struct Digest(String);
 
 impl Digest {
     pub fn parse(s: &str) -> Result<Self, SpecError> {
-        let ok = s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let ok = s.len() == 64
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if ok {
             Ok(Self(s.to_string()))
         } else {
@@ -301,14 +316,21 @@ mod tests {
 
     #[test]
     fn env_vars_parse_or_say_why_not() {
-        let cases: &[(&str, Result<(&str, &str), SpecError>)] = &[
+        type Expect = Result<(&'static str, &'static str), SpecError>;
+        let cases: &[(&str, Expect)] = &[
             ("SEED=1", Ok(("SEED", "1"))),
             ("A_B=x=y", Ok(("A_B", "x=y"))),
             ("EMPTY=", Ok(("EMPTY", ""))),
-            ("NOEQUALS", Err(SpecError::EnvNotKeyValue("NOEQUALS".into()))),
+            (
+                "NOEQUALS",
+                Err(SpecError::EnvNotKeyValue("NOEQUALS".into())),
+            ),
             ("1X=2", Err(SpecError::EnvBadName("1X".into()))),
             ("A-B=2", Err(SpecError::EnvBadName("A-B".into()))),
-            ("GPULAYER_JOB_ID=3", Err(SpecError::EnvReserved("GPULAYER_JOB_ID".into()))),
+            (
+                "GPULAYER_JOB_ID=3",
+                Err(SpecError::EnvReserved("GPULAYER_JOB_ID".into())),
+            ),
         ];
         for (input, expect) in cases {
             let got = EnvVar::parse(input).map(|e| (e.name().to_string(), e.value().to_string()));
@@ -319,7 +341,10 @@ mod tests {
 
     #[test]
     fn output_globs_stay_inside_the_work_directory() {
-        assert_eq!(OutputGlob::parse("./out/*.pt").unwrap().as_str(), "out/*.pt");
+        assert_eq!(
+            OutputGlob::parse("./out/*.pt").unwrap().as_str(),
+            "out/*.pt"
+        );
         assert!(OutputGlob::parse("/etc/passwd").is_err());
         assert!(OutputGlob::parse("a/../../b").is_err());
         assert!(OutputGlob::parse("  ").is_err());
@@ -336,9 +361,12 @@ mod tests {
     #[test]
     fn a_spec_that_fails_validation_does_not_deserialize() {
         let bad = r#"{"command": [], "accelerator": "cpu"}"#;
-        let err = serde_json::from_str::<JobSpec>(bad).unwrap_err().to_string();
+        let err = serde_json::from_str::<JobSpec>(bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no command given"), "{err}");
-        let good = r#"{"command": ["true"], "accelerator": "any", "env": [{"name": "A", "value": "1"}]}"#;
+        let good =
+            r#"{"command": ["true"], "accelerator": "any", "env": [{"name": "A", "value": "1"}]}"#;
         let spec: JobSpec = serde_json::from_str(good).unwrap();
         assert_eq!(spec.env[0].value(), "1");
     }

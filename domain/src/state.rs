@@ -111,10 +111,18 @@ mod tests {
     #[test]
     fn the_happy_path_and_the_retry_path_are_legal() {
         use TaskState::*;
-        for (from, to) in [(Pending, Assigned), (Assigned, Running), (Running, Succeeded), (Running, Pending)] {
+        for (from, to) in [
+            (Pending, Assigned),
+            (Assigned, Running),
+            (Running, Succeeded),
+            (Running, Pending),
+        ] {
             assert!(from.can_become(to), "{from} -> {to}");
         }
-        assert!(!Pending.can_become(Running), "a task must be assigned before it runs");
+        assert!(
+            !Pending.can_become(Running),
+            "a task must be assigned before it runs"
+        );
     }
 
     #[test]
@@ -122,6 +130,11 @@ mod tests {
         for s in JobState::ALL {
             assert_eq!(s.as_str().parse::<JobState>().unwrap(), s);
         }
-        assert!("done".parse::<JobState>().unwrap_err().contains("use one of"));
+        assert!(
+            "done"
+                .parse::<JobState>()
+                .unwrap_err()
+                .contains("use one of")
+        );
     }
 }

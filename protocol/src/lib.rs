@@ -4,10 +4,10 @@
 //! a `utoipa` schema so `/v1/openapi.json` is generated from the same definitions.
 //!
 //! # Layout
-//! - [`jobs`]: submitting, listing, cancelling jobs; job views.
-//! - [`logs`]: log lines, pages and the websocket stream's messages.
-//! - [`workers`]: the worker channel: register, poll, heartbeat, logs, completion.
-//! - [`errors`]: the error body every non-2xx response carries.
+//! - [`jobs`] — submitting, listing, cancelling jobs; job views.
+//! - [`logs`] — log lines, pages and the websocket stream's messages.
+//! - [`workers`] — the worker channel: register, poll, heartbeat, logs, completion.
+//! - [`errors`] — the error body every non-2xx response carries.
 
 pub mod errors;
 pub mod jobs;

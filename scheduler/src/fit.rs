@@ -22,7 +22,10 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reason::NeedsDevices { kind, needed, has } => {
-                write!(f, "needs {needed} usable {kind} device(s), worker has {has}")
+                write!(
+                    f,
+                    "needs {needed} usable {kind} device(s), worker has {has}"
+                )
             }
             Reason::Offline => f.write_str("worker is offline"),
             Reason::Busy { slots } => write!(f, "all {slots} slot(s) busy"),
@@ -95,13 +98,25 @@ mod tests {
             (&[], Any, Ok(())),
             (&[Cuda], Any, Ok(())),
             (&[Cuda], Cuda, Ok(())),
-            (&[], Cuda, Err("needs 1 usable cuda device(s), worker has 0")),
-            (&[Cuda, Cuda], Mps, Err("needs 1 usable mps device(s), worker has 0")),
+            (
+                &[],
+                Cuda,
+                Err("needs 1 usable cuda device(s), worker has 0"),
+            ),
+            (
+                &[Cuda, Cuda],
+                Mps,
+                Err("needs 1 usable mps device(s), worker has 0"),
+            ),
             (&[Mps], Mps, Ok(())),
         ];
         for (devices, wants, expect) in cases {
             let got = check(&worker(devices), &job(*wants)).map_err(|r| r.to_string());
-            assert_eq!(got, expect.map_err(str::to_string), "{devices:?} running {wants}");
+            assert_eq!(
+                got,
+                expect.map_err(str::to_string),
+                "{devices:?} running {wants}"
+            );
         }
     }
 }

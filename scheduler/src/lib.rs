@@ -5,8 +5,8 @@
 //! tests are tables of inputs and expected decisions.
 //!
 //! # Layout
-//! - [`fit`]: one worker against one job (`check`), with a [`Reason`] when it does not fit.
-//! - [`place`]: one job against a snapshot of the cluster, yielding a [`Decision`].
+//! - [`fit`] — one worker against one job (`check`), with a [`Reason`] when it does not fit.
+//! - [`place`] — one job against a snapshot of the cluster, yielding a [`Decision`].
 
 pub mod fit;
 pub mod place;

@@ -42,7 +42,10 @@ impl fmt::Display for Decision {
         match self {
             Decision::Place(id) => write!(f, "scheduling: placed on worker {id}"),
             Decision::Unplaceable(reasons) if reasons.is_empty() => {
-                write!(f, "scheduling: no eligible worker\n  (no workers have joined)")
+                write!(
+                    f,
+                    "scheduling: no eligible worker\n  (no workers have joined)"
+                )
             }
             Decision::Unplaceable(reasons) => {
                 let width = reasons.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
@@ -65,12 +68,10 @@ pub fn place(workers: &[WorkerView], spec: &JobSpec) -> Decision {
         let verdict = if !w.online {
             Err(Reason::Offline)
         } else {
-            check(&w.inventory, spec).and_then(|()| {
-                if w.busy_slots >= w.slots {
-                    Err(Reason::Busy { slots: w.slots })
-                } else {
-                    Ok(())
-                }
+            check(&w.inventory, spec).and(if w.busy_slots >= w.slots {
+                Err(Reason::Busy { slots: w.slots })
+            } else {
+                Ok(())
             })
         };
         match verdict {
@@ -137,8 +138,14 @@ mod tests {
             view(2, "gpu-box-1", 1, true, 2, 0),
             view(3, "gpu-box-2", 1, true, 4, 3),
         ];
-        assert_eq!(place(&workers, &job(Accelerator::Cpu)), Decision::Place(WorkerId(2)));
-        assert_eq!(place(&workers, &job(Accelerator::Cuda)), Decision::Place(WorkerId(2)));
+        assert_eq!(
+            place(&workers, &job(Accelerator::Cpu)),
+            Decision::Place(WorkerId(2))
+        );
+        assert_eq!(
+            place(&workers, &job(Accelerator::Cuda)),
+            Decision::Place(WorkerId(2))
+        );
     }
 
     #[test]

@@ -40,7 +40,9 @@ pub enum EmbeddedError {
         #[source]
         source: std::io::Error,
     },
-    #[error("running as root, but found no unprivileged user (`postgres` or `nobody`) to run PostgreSQL as; create one or pass --database-url")]
+    #[error(
+        "running as root, but found no unprivileged user (`postgres` or `nobody`) to run PostgreSQL as; create one or pass --database-url"
+    )]
     NoUnprivilegedUser,
     #[error("{command} failed ({status}): {output}")]
     Command {
@@ -99,7 +101,8 @@ impl EmbeddedPostgres {
         };
         // Tests and operators find the real location here, wherever it ended up.
         let pointer = data_dir.join("cluster.path");
-        std::fs::write(&pointer, cluster_dir.to_string_lossy().as_bytes()).map_err(io_err(&pointer))?;
+        std::fs::write(&pointer, cluster_dir.to_string_lossy().as_bytes())
+            .map_err(io_err(&pointer))?;
         let socket_dir = if cluster_dir.as_os_str().len() > MAX_SOCKET_DIR_LEN {
             PathBuf::from(format!("/tmp/gpulayer-pg-{}", short_hash(&cluster_dir)))
         } else {
@@ -136,14 +139,18 @@ impl EmbeddedPostgres {
     pub async fn ensure_database(&self, database: &str) -> Result<(), sqlx::Error> {
         use sqlx::{ConnectOptions, Connection};
         let mut conn = self.connect_options("postgres").connect().await?;
-        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(database)
-            .fetch_one(&mut conn)
-            .await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(database)
+                .fetch_one(&mut conn)
+                .await?;
         if !exists {
             // Identifiers cannot be bound as parameters; quote it as one.
             let sql = format!("CREATE DATABASE \"{}\"", database.replace('"', "\"\""));
-            match sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await {
+            match sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut conn)
+                .await
+            {
                 Ok(_) => {}
                 // Someone else created it between our check and our create.
                 Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
@@ -161,7 +168,14 @@ impl EmbeddedPostgres {
     pub async fn stop(&self) -> Result<(), EmbeddedError> {
         let pg = self.clone();
         tokio::task::spawn_blocking(move || {
-            pg.pg_ctl(&["stop", "-m", "fast", "-w", "-t", &PG_CTL_TIMEOUT_SECS.to_string()])
+            pg.pg_ctl(&[
+                "stop",
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                &PG_CTL_TIMEOUT_SECS.to_string(),
+            ])
         })
         .await
         .expect("the stop task does not panic")
@@ -177,7 +191,10 @@ impl EmbeddedPostgres {
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
         let staging = parent.join(format!(
             ".{}.initdb-{}",
-            self.cluster_dir.file_name().unwrap_or_default().to_string_lossy(),
+            self.cluster_dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy(),
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&staging);
@@ -247,7 +264,8 @@ impl EmbeddedPostgres {
     /// Creates `dir` as 0700, owned by the user the server runs as.
     fn make_private_dir(&self, dir: &Path) -> Result<(), EmbeddedError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err(dir))?;
         if let Some(user) = &self.run_as {
             nix::unistd::chown(
                 dir,
@@ -272,7 +290,10 @@ impl EmbeddedPostgres {
             .stderr(Stdio::piped())
             .env("LC_ALL", "C");
         if let Some(user) = &self.run_as {
-            cmd.uid(user.uid).gid(user.gid).env("USER", &user.name).env("HOME", "/");
+            cmd.uid(user.uid)
+                .gid(user.gid)
+                .env("USER", &user.name)
+                .env("HOME", "/");
         }
         // pg_ctl start hands its stdout to the server when -l is absent; with -l it returns.
         let out = cmd.output().map_err(io_err(program))?;
@@ -304,7 +325,11 @@ impl EmbeddedPostgres {
 
 /// Finds a directory holding `initdb`, `pg_ctl` and `postgres`, newest version first.
 pub fn find_server_binaries() -> Option<PathBuf> {
-    let complete = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|b| dir.join(b).is_file());
+    let complete = |dir: &Path| {
+        ["initdb", "pg_ctl", "postgres"]
+            .iter()
+            .all(|b| dir.join(b).is_file())
+    };
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if dir.join("pg_ctl").is_file() {
@@ -326,7 +351,9 @@ pub fn find_server_binaries() -> Option<PathBuf> {
     ];
     let mut found: Vec<PathBuf> = Vec::new();
     for root in patterns {
-        let Ok(entries) = std::fs::read_dir(root) else { continue };
+        let Ok(entries) = std::fs::read_dir(root) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             let wanted = root == "/usr/lib/postgresql"
@@ -366,7 +393,9 @@ fn unprivileged_user() -> Result<RunAs, EmbeddedError> {
 /// the directory. Decided from mode bits (ACLs are rare on data dirs).
 fn user_can_enter(user: &RunAs, dir: &Path) -> bool {
     let allows = |path: &Path, bit: u32| {
-        let Ok(meta) = std::fs::metadata(path) else { return false };
+        let Ok(meta) = std::fs::metadata(path) else {
+            return false;
+        };
         let mode = meta.mode();
         if meta.uid() == user.uid {
             mode & (bit << 6) != 0
@@ -389,7 +418,10 @@ fn short_hash(path: &Path) -> String {
 }
 
 /// Waits until `options` accepts connections, for clusters started by someone else.
-pub async fn wait_until_ready(options: &PgConnectOptions, timeout: Duration) -> Result<(), sqlx::Error> {
+pub async fn wait_until_ready(
+    options: &PgConnectOptions,
+    timeout: Duration,
+) -> Result<(), sqlx::Error> {
     use sqlx::ConnectOptions;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {

@@ -34,7 +34,8 @@ pub struct JobFilter {
     pub limit: i64,
 }
 
-const JOB_COLUMNS: &str = "j.id, j.spec, j.state, j.exit_code, j.reason, j.created_at, j.finished_at,
+const JOB_COLUMNS: &str =
+    "j.id, j.spec, j.state, j.exit_code, j.reason, j.created_at, j.finished_at,
      k.name AS submitted_by, t.id AS task_id, t.attempt, t.worker_id, w.name AS worker_name,
      t.assigned_at, t.started_at, t.outputs_key, t.outputs_bytes
      FROM jobs j
@@ -108,11 +109,13 @@ impl Store {
     }
 
     pub async fn get_job(&self, id: i64) -> Result<JobRow> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {JOB_COLUMNS} WHERE j.id = $1")))
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} WHERE j.id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("job {id}")))?;
         job_row(row)
     }
 
@@ -143,11 +146,13 @@ impl Store {
             return Ok(previous);
         }
         let reason = format!("cancelled by {by}");
-        sqlx::query("UPDATE jobs SET state = 'cancelled', reason = $2, finished_at = now() WHERE id = $1")
-            .bind(id)
-            .bind(&reason)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE jobs SET state = 'cancelled', reason = $2, finished_at = now() WHERE id = $1",
+        )
+        .bind(id)
+        .bind(&reason)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(
             "UPDATE tasks SET state = 'cancelled', reason = $2, finished_at = now()
              WHERE job_id = $1 AND state IN ('pending', 'assigned', 'running')",

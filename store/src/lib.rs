@@ -6,15 +6,15 @@
 //! reports [`StoreError::LeaseLost`] when that no longer matches (fencing).
 //!
 //! # Layout
-//! - [`embedded`]: the private cluster `gpulayer up` runs when given no database URL.
-//! - [`jobs`]: inserting, reading, listing and cancelling jobs.
-//! - [`queue`]: claiming tasks for a worker, starting and completing them, stop orders.
-//! - [`workers`]: registration, heartbeats, and the rescue of lost workers.
-//! - [`logs`]: appending and reading log lines.
-//! - [`tokens`]: bearer tokens, stored as sha256 only.
-//! - [`blobs`]: which content-addressed sources are stored.
-//! - [`wakeups`]: NOTIFY channels and the listener.
-//! - [`leader`]: the advisory-lock leader that runs sweeps.
+//! - [`embedded`] — the private cluster `gpulayer up` runs when given no database URL.
+//! - [`jobs`] — inserting, reading, listing and cancelling jobs.
+//! - [`queue`] — claiming tasks for a worker, starting and completing them, stop orders.
+//! - [`workers`] — registration, heartbeats, and the rescue of lost workers.
+//! - [`logs`] — appending and reading log lines.
+//! - [`tokens`] — bearer tokens, stored as sha256 only.
+//! - [`blobs`] — which content-addressed sources are stored.
+//! - [`wakeups`] — NOTIFY channels and the listener.
+//! - [`leader`] — the advisory-lock leader that runs sweeps.
 
 pub mod blobs;
 pub mod embedded;

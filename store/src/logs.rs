@@ -53,7 +53,10 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(job_id) = job_id else {
-            return Err(StoreError::LeaseLost { task: task_id, attempt });
+            return Err(StoreError::LeaseLost {
+                task: task_id,
+                attempt,
+            });
         };
         let seqs: Vec<i64> = lines.iter().map(|l| l.0).collect();
         let streams: Vec<i16> = lines.iter().map(|l| l.1).collect();
@@ -79,7 +82,12 @@ impl Store {
 
     /// Lines of a job past the given cursors (attempts without a cursor from their start),
     /// in (task, attempt, seq) order.
-    pub async fn read_logs(&self, job_id: i64, after: &[LogCursor], limit: i64) -> Result<Vec<StoredLine>> {
+    pub async fn read_logs(
+        &self,
+        job_id: i64,
+        after: &[LogCursor],
+        limit: i64,
+    ) -> Result<Vec<StoredLine>> {
         let tasks: Vec<i64> = after.iter().map(|c| c.task_id).collect();
         let attempts: Vec<i32> = after.iter().map(|c| c.attempt).collect();
         let seqs: Vec<i64> = after.iter().map(|c| c.seq).collect();
@@ -103,8 +111,17 @@ impl Store {
     }
 
     /// One page of a job's lines in (task, attempt, seq) order, strictly after `after`.
-    pub async fn read_logs_after(&self, job_id: i64, after: Option<LogCursor>, limit: i64) -> Result<Vec<StoredLine>> {
-        let c = after.unwrap_or(LogCursor { task_id: -1, attempt: -1, seq: -1 });
+    pub async fn read_logs_after(
+        &self,
+        job_id: i64,
+        after: Option<LogCursor>,
+        limit: i64,
+    ) -> Result<Vec<StoredLine>> {
+        let c = after.unwrap_or(LogCursor {
+            task_id: -1,
+            attempt: -1,
+            seq: -1,
+        });
         let rows = sqlx::query(
             "SELECT task_id, attempt, seq, stream, text, at FROM logs
              WHERE job_id = $1 AND (task_id, attempt, seq) > ($2, $3, $4)

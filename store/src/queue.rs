@@ -53,10 +53,11 @@ impl Store {
         let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
         let mut tx = self.begin().await?;
         // A worker declared lost must not take new work: its lease is gone.
-        let online: Option<String> = sqlx::query_scalar("SELECT state FROM workers WHERE id = $1 FOR SHARE")
-            .bind(worker_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let online: Option<String> =
+            sqlx::query_scalar("SELECT state FROM workers WHERE id = $1 FOR SHARE")
+                .bind(worker_id)
+                .fetch_optional(&mut *tx)
+                .await?;
         if online.as_deref() != Some("online") {
             return Err(StoreError::WorkerLost(worker_id));
         }
@@ -135,12 +136,17 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(job_id) = job_id else {
-            return Err(StoreError::LeaseLost { task: task_id, attempt });
+            return Err(StoreError::LeaseLost {
+                task: task_id,
+                attempt,
+            });
         };
-        sqlx::query("UPDATE jobs SET state = 'running' WHERE id = $1 AND state IN ('pending', 'assigned')")
-            .bind(job_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE jobs SET state = 'running' WHERE id = $1 AND state IN ('pending', 'assigned')",
+        )
+        .bind(job_id)
+        .execute(&mut *tx)
+        .await?;
         record_event(&mut tx, Some(job_id), Some(worker_id), "running", None).await?;
         notify(&mut tx, Channel::Job, Some(job_id)).await?;
         tx.commit().await?;
@@ -200,7 +206,10 @@ impl Store {
                 tx.commit().await?;
                 return Ok(());
             }
-            return Err(StoreError::LeaseLost { task: task_id, attempt });
+            return Err(StoreError::LeaseLost {
+                task: task_id,
+                attempt,
+            });
         };
         sqlx::query(
             "UPDATE jobs SET state = $2, exit_code = $3, reason = $4, finished_at = now()
@@ -212,7 +221,14 @@ impl Store {
         .bind(&reason)
         .execute(&mut *tx)
         .await?;
-        record_event(&mut tx, Some(job_id), Some(worker_id), state, reason.as_deref()).await?;
+        record_event(
+            &mut tx,
+            Some(job_id),
+            Some(worker_id),
+            state,
+            reason.as_deref(),
+        )
+        .await?;
         notify(&mut tx, Channel::Job, Some(job_id)).await?;
         tx.commit().await?;
         Ok(())
@@ -229,11 +245,21 @@ impl Store {
         .bind(worker_id)
         .fetch_optional(self.pool())
         .await?
-        .ok_or(StoreError::LeaseLost { task: task_id, attempt })
+        .ok_or(StoreError::LeaseLost {
+            task: task_id,
+            attempt,
+        })
     }
 
     /// Records where the task's packed outputs were stored.
-    pub async fn set_outputs(&self, worker_id: i64, task_id: i64, attempt: i32, key: &str, bytes: i64) -> Result<()> {
+    pub async fn set_outputs(
+        &self,
+        worker_id: i64,
+        task_id: i64,
+        attempt: i32,
+        key: &str,
+        bytes: i64,
+    ) -> Result<()> {
         let updated = sqlx::query(
             "UPDATE tasks SET outputs_key = $4, outputs_bytes = $5
              WHERE id = $1 AND attempt = $2 AND worker_id = $3",
@@ -247,7 +273,10 @@ impl Store {
         .await?
         .rows_affected();
         if updated == 0 {
-            return Err(StoreError::LeaseLost { task: task_id, attempt });
+            return Err(StoreError::LeaseLost {
+                task: task_id,
+                attempt,
+            });
         }
         Ok(())
     }
@@ -268,10 +297,12 @@ impl Store {
         .fetch_all(&mut *tx)
         .await?;
         if !requeued.is_empty() {
-            sqlx::query("UPDATE jobs SET state = 'pending' WHERE id = ANY($1) AND state = 'assigned'")
-                .bind(&requeued)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE jobs SET state = 'pending' WHERE id = ANY($1) AND state = 'assigned'",
+            )
+            .bind(&requeued)
+            .execute(&mut *tx)
+            .await?;
             sqlx::query("INSERT INTO events (job_id, worker_id, kind, detail) SELECT unnest($1::bigint[]), $2, 'requeued', 'the assignment never reached the worker'")
                 .bind(&requeued)
                 .bind(worker_id)
@@ -296,7 +327,14 @@ impl Store {
             .bind(job)
             .execute(&mut *tx)
             .await?;
-            record_event(&mut tx, Some(*job), Some(worker_id), "failed", Some("the worker no longer runs this task")).await?;
+            record_event(
+                &mut tx,
+                Some(*job),
+                Some(worker_id),
+                "failed",
+                Some("the worker no longer runs this task"),
+            )
+            .await?;
             notify(&mut tx, Channel::Job, Some(*job)).await?;
         }
         tx.commit().await?;
@@ -305,7 +343,11 @@ impl Store {
 
     /// Of the tasks a worker says it runs, those it must stop: cancelled ones, and ones that
     /// are no longer its current attempt.
-    pub async fn stop_orders(&self, worker_id: i64, running: &[(i64, i32)]) -> Result<Vec<(i64, i32, StopReason)>> {
+    pub async fn stop_orders(
+        &self,
+        worker_id: i64,
+        running: &[(i64, i32)],
+    ) -> Result<Vec<(i64, i32, StopReason)>> {
         if running.is_empty() {
             return Ok(vec![]);
         }

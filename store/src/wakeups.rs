@@ -39,7 +39,10 @@ impl Channel {
 /// One received hint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wakeup {
-    Notified { channel: Channel, job_id: Option<i64> },
+    Notified {
+        channel: Channel,
+        job_id: Option<i64>,
+    },
     /// The listener lost its connection and reconnected: anything may have changed.
     Reconnected,
 }

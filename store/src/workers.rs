@@ -87,7 +87,14 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         fail_tasks_of_workers(&mut tx, &[worker_id], &[reason.to_string()]).await?;
-        record_event(&mut tx, None, Some(worker_id), "worker_stopped", Some(reason)).await?;
+        record_event(
+            &mut tx,
+            None,
+            Some(worker_id),
+            "worker_stopped",
+            Some(reason),
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -134,7 +141,11 @@ impl Store {
                 LostWorker {
                     id,
                     name: r.get("name"),
-                    failed_jobs: failed.iter().filter(|(w, _)| *w == id).map(|(_, j)| *j).collect(),
+                    failed_jobs: failed
+                        .iter()
+                        .filter(|(w, _)| *w == id)
+                        .map(|(_, j)| *j)
+                        .collect(),
                 }
             })
             .collect())
@@ -202,7 +213,14 @@ async fn fail_tasks_of_workers(
     for r in &rows {
         let job: i64 = r.get("job_id");
         let reason: String = r.get("reason");
-        record_event(tx, Some(job), Some(r.get("worker_id")), "failed", Some(&reason)).await?;
+        record_event(
+            tx,
+            Some(job),
+            Some(r.get("worker_id")),
+            "failed",
+            Some(&reason),
+        )
+        .await?;
         notify(tx, Channel::Job, Some(job)).await?;
         out.push((r.get("worker_id"), job));
     }

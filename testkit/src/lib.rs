@@ -7,8 +7,8 @@
 //! makes sure only one of them starts it.
 //!
 //! # Layout
-//! - [`postgres`]: the shared cluster and [`TestDatabase`].
-//! - [`processes`]: [`Server`], [`Worker`] and [`Cli`] around the real binary.
+//! - [`postgres`] — the shared cluster and [`TestDatabase`].
+//! - [`processes`] — [`Server`], [`Worker`] and [`Cli`] around the real binary.
 
 pub mod postgres;
 pub mod processes;

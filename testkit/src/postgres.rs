@@ -44,9 +44,12 @@ async fn cluster() -> &'static EmbeddedPostgres {
             })
             .await
             .expect("lock task");
-            let pg = EmbeddedPostgres::start(&home)
-                .await
-                .unwrap_or_else(|e| panic!("start the test PostgreSQL cluster in {}: {e}", home.display()));
+            let pg = EmbeddedPostgres::start(&home).await.unwrap_or_else(|e| {
+                panic!(
+                    "start the test PostgreSQL cluster in {}: {e}",
+                    home.display()
+                )
+            });
             drop(lock);
             pg
         })
@@ -57,7 +60,9 @@ async fn cluster() -> &'static EmbeddedPostgres {
 pub async fn fresh_database() -> TestDatabase {
     let pg = cluster().await.clone();
     let name = format!("t_{}", uuid_like());
-    pg.ensure_database(&name).await.expect("create the test database");
+    pg.ensure_database(&name)
+        .await
+        .expect("create the test database");
     TestDatabase {
         url: pg.url(&name),
         options: pg.connect_options(&name),
@@ -68,6 +73,9 @@ pub async fn fresh_database() -> TestDatabase {
 
 fn uuid_like() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
     format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
 }

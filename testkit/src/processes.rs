@@ -42,16 +42,23 @@ impl Server {
     pub fn start(bin: &Path, database_url: &str, options: ServerOptions) -> Self {
         let data_dir = tempfile::tempdir().expect("server data dir");
         let mut cmd = Command::new(bin);
-        cmd.args(["up", "--json", "--listen", "127.0.0.1:0", "--database-url", database_url])
-            .arg("--data-dir")
-            .arg(data_dir.path())
-            .args(["--lease-seconds", &options.lease_seconds.to_string()])
-            .env("XDG_CONFIG_HOME", data_dir.path().join("config"))
-            .env_remove("GPULAYER_URL")
-            .env_remove("GPULAYER_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.args([
+            "up",
+            "--json",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            database_url,
+        ])
+        .arg("--data-dir")
+        .arg(data_dir.path())
+        .args(["--lease-seconds", &options.lease_seconds.to_string()])
+        .env("XDG_CONFIG_HOME", data_dir.path().join("config"))
+        .env_remove("GPULAYER_URL")
+        .env_remove("GPULAYER_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
         if options.with_worker {
             cmd.arg("--with-worker");
         }
@@ -68,9 +75,9 @@ impl Server {
                 println!("[server] {line}");
             }
         });
-        let first = rx
-            .recv_timeout(SERVER_START_TIMEOUT)
-            .unwrap_or_else(|_| panic!("gpulayer up printed no ready line within {SERVER_START_TIMEOUT:?}"));
+        let first = rx.recv_timeout(SERVER_START_TIMEOUT).unwrap_or_else(|_| {
+            panic!("gpulayer up printed no ready line within {SERVER_START_TIMEOUT:?}")
+        });
         let ready: serde_json::Value = serde_json::from_str(&first)
             .unwrap_or_else(|e| panic!("gpulayer up's first line is not JSON ({e}): {first}"));
         let field = |k: &str| {
@@ -103,7 +110,14 @@ impl Server {
     pub fn join(&self, name: &str, extra: &[&str]) -> Worker {
         let dir = tempfile::tempdir().expect("worker dir");
         let child = Command::new(&self.bin)
-            .args(["join", &self.url, "--token", &self.join_token, "--name", name])
+            .args([
+                "join",
+                &self.url,
+                "--token",
+                &self.join_token,
+                "--name",
+                name,
+            ])
             .arg("--work-dir")
             .arg(dir.path())
             .args(extra)
@@ -176,13 +190,21 @@ pub struct CliOutput {
 
 impl CliOutput {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}\nstderr: {}", self.stdout, self.stderr))
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
     }
 
     /// Panics with everything printed unless the command exited 0.
     pub fn success(self) -> Self {
-        assert_eq!(self.code, 0, "command failed\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, 0,
+            "command failed\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
         self
     }
 }
@@ -213,12 +235,16 @@ impl Cli {
         let mut full = vec!["submit", "--json"];
         full.extend_from_slice(args);
         let out = self.run(&full).success();
-        out.json()["id"].as_i64().expect("submit --json prints an id")
+        out.json()["id"]
+            .as_i64()
+            .expect("submit --json prints an id")
     }
 
     /// The job's `status --json`.
     pub fn status(&self, job: i64) -> serde_json::Value {
-        self.run(&["status", &job.to_string(), "--json"]).success().json()
+        self.run(&["status", &job.to_string(), "--json"])
+            .success()
+            .json()
     }
 }
 
@@ -229,7 +255,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
         if let Some(v) = check() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -70,7 +70,14 @@ impl Tasks {
     }
 
     fn stop_all(&self, why: StopWhy) {
-        for lease in self.running.lock().expect("tasks lock").keys().copied().collect::<Vec<_>>() {
+        for lease in self
+            .running
+            .lock()
+            .expect("tasks lock")
+            .keys()
+            .copied()
+            .collect::<Vec<_>>()
+        {
             self.stop(lease, why);
         }
     }
@@ -81,7 +88,10 @@ fn is_worker_lost(e: &ClientError) -> bool {
 }
 
 /// Runs the worker until `shutdown` resolves.
-pub async fn run(config: WorkerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ClientError> {
+pub async fn run(
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ClientError> {
     let client = Client::new(&config.url, Some(&config.token))?;
     let tasks = Arc::new(Tasks::default());
     let inventory = crate::probe::inventory();
@@ -153,7 +163,9 @@ pub async fn run(config: WorkerConfig, shutdown: impl Future<Output = ()>) -> Re
                 Err(e) if is_worker_lost(&e) => {
                     // Our lease ran out while we were away: the server already failed our
                     // tasks. Stop them and join again as a new worker.
-                    tracing::warn!("the server declared this worker lost; stopping its tasks and joining again");
+                    tracing::warn!(
+                        "the server declared this worker lost; stopping its tasks and joining again"
+                    );
                     heartbeat.abort();
                     tasks.stop_all(StopWhy::LeaseLost);
                     continue 'register;
@@ -168,14 +180,29 @@ pub async fn run(config: WorkerConfig, shutdown: impl Future<Output = ()>) -> Re
     }
 }
 
-fn start_task(client: &Client, worker: i64, config: &WorkerConfig, tasks: &Arc<Tasks>, assignment: protocol::Assignment) {
+fn start_task(
+    client: &Client,
+    worker: i64,
+    config: &WorkerConfig,
+    tasks: &Arc<Tasks>,
+    assignment: protocol::Assignment,
+) {
     let lease = TaskLease {
         task: TaskId(assignment.task.0),
         attempt: Attempt(assignment.attempt.0),
     };
     let (stop_tx, stop_rx) = watch::channel(None);
-    tasks.running.lock().expect("tasks lock").insert(lease, Running { stop: stop_tx });
-    tracing::info!(job = assignment.job.0, task = lease.task.0, attempt = lease.attempt.0, "starting");
+    tasks
+        .running
+        .lock()
+        .expect("tasks lock")
+        .insert(lease, Running { stop: stop_tx });
+    tracing::info!(
+        job = assignment.job.0,
+        task = lease.task.0,
+        attempt = lease.attempt.0,
+        "starting"
+    );
     let ctx = TaskContext {
         client: client.clone(),
         worker,
@@ -189,7 +216,10 @@ fn start_task(client: &Client, worker: i64, config: &WorkerConfig, tasks: &Arc<T
     tokio::spawn(async move {
         let end = run_task(ctx).await;
         if end == TaskEnd::LeaseLost {
-            tracing::warn!(task = lease.task.0, "task stopped: it is no longer this worker's");
+            tracing::warn!(
+                task = lease.task.0,
+                "task stopped: it is no longer this worker's"
+            );
         }
         tasks.running.lock().expect("tasks lock").remove(&lease);
         tasks.freed.notify_one();
@@ -199,7 +229,9 @@ fn start_task(client: &Client, worker: i64, config: &WorkerConfig, tasks: &Arc<T
 async fn heartbeat_loop(client: Client, worker: i64, every: Duration, tasks: Arc<Tasks>) {
     loop {
         tokio::time::sleep(every).await;
-        let request = HeartbeatRequest { running: tasks.leases() };
+        let request = HeartbeatRequest {
+            running: tasks.leases(),
+        };
         match client.heartbeat(worker, &request).await {
             Ok(resp) => {
                 for order in resp.stop {

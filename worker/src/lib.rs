@@ -3,11 +3,11 @@
 //! outputs when they end. It only ever dials out, so it works behind NAT.
 //!
 //! # Layout
-//! - [`agent`]: the loop: register, long poll, heartbeat, stop orders, shutdown.
-//! - [`runner`]: one task from staging to completion.
-//! - [`shipper`]: batches a task's output lines to the server, in order, without loss.
-//! - [`process`]: process groups: spawn, signal, exit codes.
-//! - [`probe`]: what this machine has.
+//! - [`agent`] — the loop: register, long poll, heartbeat, stop orders, shutdown.
+//! - [`runner`] — one task from staging to completion.
+//! - [`shipper`] — batches a task's output lines to the server, in order, without loss.
+//! - [`process`] — process groups: spawn, signal, exit codes.
+//! - [`probe`] — what this machine has.
 
 pub mod agent;
 pub mod probe;

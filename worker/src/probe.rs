@@ -14,7 +14,9 @@ pub fn inventory() -> Inventory {
             .unwrap_or_else(|| "unknown".into()),
         os: std::env::consts::OS.to_string(),
         arch: std::env::consts::ARCH.to_string(),
-        cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
         memory_bytes: memory_bytes().unwrap_or(0),
         devices: cuda_devices().into_iter().chain(mps_device()).collect(),
     }
@@ -33,7 +35,10 @@ fn parse_meminfo(text: &str) -> Option<u64> {
 
 fn cuda_devices() -> Vec<Device> {
     let out = Command::new("nvidia-smi")
-        .args(["--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"])
+        .args([
+            "--query-gpu=index,name,memory.total",
+            "--format=csv,noheader,nounits",
+        ])
         .output();
     match out {
         Ok(o) if o.status.success() => parse_nvidia_smi(&String::from_utf8_lossy(&o.stdout)),
@@ -83,7 +88,10 @@ mod tests {
 
     #[test]
     fn meminfo_total_is_read_in_bytes() {
-        assert_eq!(parse_meminfo("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24_576_000 * 1024));
+        assert_eq!(
+            parse_meminfo("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24_576_000 * 1024)
+        );
         assert_eq!(parse_meminfo("nothing"), None);
     }
 

@@ -30,9 +30,15 @@ mod tests {
 
     #[test]
     fn exit_codes_follow_the_shell_convention() {
-        let ok = std::process::Command::new("sh").args(["-c", "exit 3"]).status().unwrap();
+        let ok = std::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .status()
+            .unwrap();
         assert_eq!(exit_code(ok), 3);
-        let killed = std::process::Command::new("sh").args(["-c", "kill -9 $$"]).status().unwrap();
+        let killed = std::process::Command::new("sh")
+            .args(["-c", "kill -9 $$"])
+            .status()
+            .unwrap();
         assert_eq!(exit_code(killed), 137);
     }
 }

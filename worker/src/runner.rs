@@ -42,7 +42,10 @@ pub enum TaskEnd {
 pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
     let a = &ctx.assignment;
     let (job, task, attempt) = (a.job.0, a.task.0, a.attempt.0);
-    let dir = ctx.work_root.join("jobs").join(format!("job-{job}-task-{task}-attempt-{attempt}"));
+    let dir = ctx
+        .work_root
+        .join("jobs")
+        .join(format!("job-{job}-task-{task}-attempt-{attempt}"));
     let src = dir.join("src");
     let output_dir = dir.join("output");
 
@@ -73,10 +76,10 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
                 error: Some(error),
             },
         };
-        if report.error.is_none() {
-            if let Err(e) = upload_outputs(&ctx, &src, &output_dir, &dir).await {
-                report.error = Some(format!("uploading outputs failed: {e}"));
-            }
+        if report.error.is_none()
+            && let Err(e) = upload_outputs(&ctx, &src, &output_dir, &dir).await
+        {
+            report.error = Some(format!("uploading outputs failed: {e}"));
         }
         report_completion(&ctx, &report).await
     };
@@ -90,9 +93,15 @@ async fn report_completion(ctx: &TaskContext, report: &CompleteRequest) -> TaskE
     let a = &ctx.assignment;
     let mut backoff = Duration::from_millis(200);
     loop {
-        match ctx.client.complete_task(ctx.worker, a.task.0, a.attempt.0, report).await {
+        match ctx
+            .client
+            .complete_task(ctx.worker, a.task.0, a.attempt.0, report)
+            .await
+        {
             Ok(()) => return TaskEnd::Reported,
-            Err(e) if matches!(e.code(), Some(ErrorCode::LeaseLost | ErrorCode::WorkerLost)) => return TaskEnd::LeaseLost,
+            Err(e) if matches!(e.code(), Some(ErrorCode::LeaseLost | ErrorCode::WorkerLost)) => {
+                return TaskEnd::LeaseLost;
+            }
             Err(e) => {
                 // The result must reach the server: keep trying while it is away.
                 tracing::warn!(error = %e, task = a.task.0, "reporting completion failed; retrying");
@@ -119,9 +128,13 @@ async fn execute(
         }
     };
     for d in [src, output_dir] {
-        tokio::fs::create_dir_all(d)
-            .await
-            .map_err(|e| format!("cannot create {} on worker {}: {e}", d.display(), ctx.worker_name))?;
+        tokio::fs::create_dir_all(d).await.map_err(|e| {
+            format!(
+                "cannot create {} on worker {}: {e}",
+                d.display(),
+                ctx.worker_name
+            )
+        })?;
     }
     if let Some(source) = &a.spec.source {
         system(format!(
@@ -160,14 +173,26 @@ async fn execute(
     })?;
     let pid = child.id().expect("a just-spawned child has a pid");
 
-    if let Err(e) = ctx.client.task_started(ctx.worker, a.task.0, a.attempt.0).await {
+    if let Err(e) = ctx
+        .client
+        .task_started(ctx.worker, a.task.0, a.attempt.0)
+        .await
+    {
         signal_group(pid, Signal::SIGKILL);
         let _ = child.wait().await;
         return Err(format!("the server refused the start: {e}"));
     }
 
-    let out = tokio::spawn(pump(child.stdout.take().expect("piped"), Stream::Stdout, lines.clone()));
-    let err = tokio::spawn(pump(child.stderr.take().expect("piped"), Stream::Stderr, lines.clone()));
+    let out = tokio::spawn(pump(
+        child.stdout.take().expect("piped"),
+        Stream::Stdout,
+        lines.clone(),
+    ));
+    let err = tokio::spawn(pump(
+        child.stderr.take().expect("piped"),
+        Stream::Stderr,
+        lines.clone(),
+    ));
 
     let status = tokio::select! {
         status = child.wait() => status,
@@ -243,9 +268,16 @@ async fn pump(pipe: impl AsyncRead + Unpin, stream: Stream, lines: mpsc::Sender<
 }
 
 /// Downloads the source blob into the worker's cache (once per digest) and unpacks it.
-async fn stage_source(ctx: &TaskContext, digest: &str, dir: &Path, src: &Path) -> Result<(), String> {
+async fn stage_source(
+    ctx: &TaskContext,
+    digest: &str,
+    dir: &Path,
+    src: &Path,
+) -> Result<(), String> {
     let cache = ctx.work_root.join("cache");
-    tokio::fs::create_dir_all(&cache).await.map_err(|e| e.to_string())?;
+    tokio::fs::create_dir_all(&cache)
+        .await
+        .map_err(|e| e.to_string())?;
     let cached = cache.join(format!("{digest}.tar.gz"));
     if !cached.exists() {
         let partial = dir.join("source.tar.gz.partial");
@@ -254,14 +286,20 @@ async fn stage_source(ctx: &TaskContext, digest: &str, dir: &Path, src: &Path) -
             .await
             .map_err(|e| e.to_string())?;
         let check = partial.clone();
-        let actual = tokio::task::spawn_blocking(move || std::fs::File::open(&check).and_then(archive::sha256_hex))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let actual = tokio::task::spawn_blocking(move || {
+            std::fs::File::open(&check).and_then(archive::sha256_hex)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
         if actual != digest {
-            return Err(format!("the downloaded source hashes to {actual}, not {digest}"));
+            return Err(format!(
+                "the downloaded source hashes to {actual}, not {digest}"
+            ));
         }
-        tokio::fs::rename(&partial, &cached).await.map_err(|e| e.to_string())?;
+        tokio::fs::rename(&partial, &cached)
+            .await
+            .map_err(|e| e.to_string())?;
     }
     let (from, to) = (cached.clone(), src.to_path_buf());
     tokio::task::spawn_blocking(move || {
@@ -275,9 +313,19 @@ async fn stage_source(ctx: &TaskContext, digest: &str, dir: &Path, src: &Path) -
 }
 
 /// Packs the output dir and the `--output` globs and uploads them.
-async fn upload_outputs(ctx: &TaskContext, src: &Path, output_dir: &Path, dir: &Path) -> Result<(), String> {
+async fn upload_outputs(
+    ctx: &TaskContext,
+    src: &Path,
+    output_dir: &Path,
+    dir: &Path,
+) -> Result<(), String> {
     let a = &ctx.assignment;
-    let globs: Vec<String> = a.spec.outputs.iter().map(|g| g.as_str().to_string()).collect();
+    let globs: Vec<String> = a
+        .spec
+        .outputs
+        .iter()
+        .map(|g| g.as_str().to_string())
+        .collect();
     let packed = dir.join("outputs.tar.gz");
     let (out_dir, work, target) = (output_dir.to_path_buf(), src.to_path_buf(), packed.clone());
     tokio::task::spawn_blocking(move || -> Result<(), String> {

@@ -62,9 +62,16 @@ impl Shipper {
     async fn send(&self, batch: LogBatch) -> ShipEnd {
         let mut backoff = Duration::from_millis(200);
         loop {
-            match self.client.append_logs(self.worker, self.task, self.attempt, &batch).await {
+            match self
+                .client
+                .append_logs(self.worker, self.task, self.attempt, &batch)
+                .await
+            {
                 Ok(()) => return ShipEnd::Done,
-                Err(e) if e.code() == Some(ErrorCode::LeaseLost) || e.code() == Some(ErrorCode::WorkerLost) => {
+                Err(e)
+                    if e.code() == Some(ErrorCode::LeaseLost)
+                        || e.code() == Some(ErrorCode::WorkerLost) =>
+                {
                     return ShipEnd::LeaseLost;
                 }
                 Err(e) => {
@@ -82,7 +89,11 @@ fn log_retry(e: &ClientError) {
 }
 
 fn push(batch: &mut Vec<LogAppend>, seq: &mut i64, (stream, text): (Stream, String)) {
-    batch.push(LogAppend { seq: *seq, stream, text });
+    batch.push(LogAppend {
+        seq: *seq,
+        stream,
+        text,
+    });
     *seq += 1;
 }
 

@@ -1,1 +1,27 @@
+//! End-to-end tests: real `gpulayer` server, worker and CLI processes, real PostgreSQL (a
+//! fresh database per test), real `sh` and `python3` jobs.
 
+mod bad_input;
+mod embedded;
+mod jobs;
+
+use std::path::PathBuf;
+use testkit::{Server, ServerOptions};
+
+pub(crate) fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpulayer"))
+}
+
+/// A server on a fresh database.
+pub(crate) async fn server(options: ServerOptions) -> Server {
+    let db = testkit::fresh_database().await;
+    Server::start(&bin(), &db.url, options)
+}
+
+/// The repository root (for `examples/`).
+pub(crate) fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("cli/ has a parent")
+        .to_path_buf()
+}

@@ -59,7 +59,10 @@ async fn racing_workers_never_claim_the_same_task() {
     let store = store().await;
     let n_jobs = 60;
     for _ in 0..n_jobs {
-        store.insert_job(&spec(Accelerator::Cpu), None, None).await.unwrap();
+        store
+            .insert_job(&spec(Accelerator::Cpu), None, None)
+            .await
+            .unwrap();
     }
     let workers: Vec<i64> = futures_join(&store).await;
     let mut claimed = Vec::new();
@@ -69,7 +72,10 @@ async fn racing_workers_never_claim_the_same_task() {
             store.claim_batch(workers[1], CPU, 3, |_| true),
             store.claim_batch(workers[2], CPU, 3, |_| true),
         );
-        let batch: Vec<_> = [a.unwrap(), b.unwrap(), c.unwrap()].into_iter().flatten().collect();
+        let batch: Vec<_> = [a.unwrap(), b.unwrap(), c.unwrap()]
+            .into_iter()
+            .flatten()
+            .collect();
         if batch.is_empty() {
             break;
         }
@@ -91,22 +97,40 @@ async fn futures_join(store: &Store) -> Vec<i64> {
 #[tokio::test]
 async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit() {
     let store = store().await;
-    let cuda_job = store.insert_job(&spec(Accelerator::Cuda), None, None).await.unwrap();
+    let cuda_job = store
+        .insert_job(&spec(Accelerator::Cuda), None, None)
+        .await
+        .unwrap();
     for _ in 0..3 {
-        store.insert_job(&spec(Accelerator::Cpu), None, None).await.unwrap();
+        store
+            .insert_job(&spec(Accelerator::Cpu), None, None)
+            .await
+            .unwrap();
     }
     let cpu_worker = worker(&store, "cpu-only", 0).await;
-    let got = store.claim_batch(cpu_worker, CPU, 2, |_| true).await.unwrap();
+    let got = store
+        .claim_batch(cpu_worker, CPU, 2, |_| true)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 2);
-    assert!(got.iter().all(|c| c.job_id != cuda_job), "a cpu worker never gets a cuda job");
+    assert!(
+        got.iter().all(|c| c.job_id != cuda_job),
+        "a cpu worker never gets a cuda job"
+    );
     assert!(got.iter().all(|c| c.attempt == 1));
 
     // The scheduler's verdict is final even when the kind matches.
     let gpu_worker = worker(&store, "gpu", 1).await;
     let kinds = [Accelerator::Cpu, Accelerator::Cuda, Accelerator::Any];
-    let refused = store.claim_batch(gpu_worker, &kinds, 4, |_| false).await.unwrap();
+    let refused = store
+        .claim_batch(gpu_worker, &kinds, 4, |_| false)
+        .await
+        .unwrap();
     assert!(refused.is_empty());
-    let got = store.claim_batch(gpu_worker, &kinds, 4, |_| true).await.unwrap();
+    let got = store
+        .claim_batch(gpu_worker, &kinds, 4, |_| true)
+        .await
+        .unwrap();
     let jobs: HashSet<i64> = got.iter().map(|c| c.job_id).collect();
     assert!(jobs.contains(&cuda_job));
     assert_eq!(got.len(), 2, "the cuda job and the last cpu job");
@@ -136,22 +160,54 @@ async fn the_claim_reads_the_claimable_index_in_order_without_sorting() {
 #[tokio::test]
 async fn a_stale_attempt_can_neither_log_nor_complete() {
     let store = store().await;
-    let job = store.insert_job(&spec(Accelerator::Cpu), None, None).await.unwrap();
+    let job = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
     let w = worker(&store, "w", 0).await;
     let other = worker(&store, "other", 0).await;
-    let c = store.claim_batch(w, CPU, 1, |_| true).await.unwrap().remove(0);
+    let c = store
+        .claim_batch(w, CPU, 1, |_| true)
+        .await
+        .unwrap()
+        .remove(0);
     store.mark_running(w, c.task_id, c.attempt).await.unwrap();
 
-    let wrong_attempt = store.append_logs(w, c.task_id, c.attempt + 1, &[(0, 1, "x".into())]).await;
-    assert!(matches!(wrong_attempt, Err(store::StoreError::LeaseLost { .. })));
-    let wrong_worker = store
-        .complete_task(other, c.task_id, c.attempt, &Completion { exit_code: Some(0), error: None })
+    let wrong_attempt = store
+        .append_logs(w, c.task_id, c.attempt + 1, &[(0, 1, "x".into())])
         .await;
-    assert!(matches!(wrong_worker, Err(store::StoreError::LeaseLost { .. })));
+    assert!(matches!(
+        wrong_attempt,
+        Err(store::StoreError::LeaseLost { .. })
+    ));
+    let wrong_worker = store
+        .complete_task(
+            other,
+            c.task_id,
+            c.attempt,
+            &Completion {
+                exit_code: Some(0),
+                error: None,
+            },
+        )
+        .await;
+    assert!(matches!(
+        wrong_worker,
+        Err(store::StoreError::LeaseLost { .. })
+    ));
 
-    let done = Completion { exit_code: Some(3), error: None };
-    store.complete_task(w, c.task_id, c.attempt, &done).await.unwrap();
-    store.complete_task(w, c.task_id, c.attempt, &done).await.expect("a retried completion is a no-op");
+    let done = Completion {
+        exit_code: Some(3),
+        error: None,
+    };
+    store
+        .complete_task(w, c.task_id, c.attempt, &done)
+        .await
+        .unwrap();
+    store
+        .complete_task(w, c.task_id, c.attempt, &done)
+        .await
+        .expect("a retried completion is a no-op");
     let row = store.get_job(job).await.unwrap();
     assert_eq!(row.state, domain::JobState::Failed);
     assert_eq!(row.exit_code, Some(3));
@@ -161,78 +217,179 @@ async fn a_stale_attempt_can_neither_log_nor_complete() {
 #[tokio::test]
 async fn silent_workers_are_declared_lost_and_their_jobs_fail_with_the_reason() {
     let store = store().await;
-    let job = store.insert_job(&spec(Accelerator::Cpu), None, None).await.unwrap();
+    let job = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
     let w = worker(&store, "flaky", 0).await;
-    let c = store.claim_batch(w, CPU, 1, |_| true).await.unwrap().remove(0);
+    let c = store
+        .claim_batch(w, CPU, 1, |_| true)
+        .await
+        .unwrap()
+        .remove(0);
     store.mark_running(w, c.task_id, c.attempt).await.unwrap();
 
-    assert!(store.rescue_lost_workers(Duration::from_secs(60)).await.unwrap().is_empty());
+    assert!(
+        store
+            .rescue_lost_workers(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let lost = store.rescue_lost_workers(Duration::from_millis(200)).await.unwrap();
+    let lost = store
+        .rescue_lost_workers(Duration::from_millis(200))
+        .await
+        .unwrap();
     assert_eq!(lost.len(), 1);
     assert_eq!(lost[0].failed_jobs, vec![job]);
     let row = store.get_job(job).await.unwrap();
     assert_eq!(row.state, domain::JobState::Failed);
-    assert!(row.reason.as_deref().unwrap().starts_with("worker flaky lost: no heartbeat for"), "{:?}", row.reason);
+    assert!(
+        row.reason
+            .as_deref()
+            .unwrap()
+            .starts_with("worker flaky lost: no heartbeat for"),
+        "{:?}",
+        row.reason
+    );
 
-    assert!(matches!(store.heartbeat(w).await, Err(store::StoreError::WorkerLost(_))));
-    assert!(matches!(store.claim_batch(w, CPU, 1, |_| true).await, Err(store::StoreError::WorkerLost(_))));
+    assert!(matches!(
+        store.heartbeat(w).await,
+        Err(store::StoreError::WorkerLost(_))
+    ));
+    assert!(matches!(
+        store.claim_batch(w, CPU, 1, |_| true).await,
+        Err(store::StoreError::WorkerLost(_))
+    ));
 }
 
 #[tokio::test]
 async fn log_cursors_skip_nothing_and_repeat_nothing() {
     let store = store().await;
-    let job = store.insert_job(&spec(Accelerator::Cpu), None, None).await.unwrap();
+    let job = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
     let w = worker(&store, "w", 0).await;
-    let c = store.claim_batch(w, CPU, 1, |_| true).await.unwrap().remove(0);
-    let batch = |from: i64, to: i64| (from..to).map(|i| (i, 1i16, format!("line {i}"))).collect::<Vec<_>>();
-    store.append_logs(w, c.task_id, c.attempt, &batch(0, 5)).await.unwrap();
-    store.append_logs(w, c.task_id, c.attempt, &batch(3, 8)).await.unwrap();
+    let c = store
+        .claim_batch(w, CPU, 1, |_| true)
+        .await
+        .unwrap()
+        .remove(0);
+    let batch = |from: i64, to: i64| {
+        (from..to)
+            .map(|i| (i, 1i16, format!("line {i}")))
+            .collect::<Vec<_>>()
+    };
+    store
+        .append_logs(w, c.task_id, c.attempt, &batch(0, 5))
+        .await
+        .unwrap();
+    store
+        .append_logs(w, c.task_id, c.attempt, &batch(3, 8))
+        .await
+        .unwrap();
 
     let first = store.read_logs(job, &[], 4).await.unwrap();
-    assert_eq!(first.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
-    let cursor = LogCursor { task_id: c.task_id, attempt: c.attempt, seq: 3 };
+    assert_eq!(
+        first.iter().map(|l| l.seq).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    let cursor = LogCursor {
+        task_id: c.task_id,
+        attempt: c.attempt,
+        seq: 3,
+    };
     let rest = store.read_logs(job, &[cursor], 100).await.unwrap();
-    assert_eq!(rest.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![4, 5, 6, 7]);
+    assert_eq!(
+        rest.iter().map(|l| l.seq).collect::<Vec<_>>(),
+        vec![4, 5, 6, 7]
+    );
     assert_eq!(rest[3].text, "line 7");
 
-    store.append_logs(w, c.task_id, c.attempt, &[(8, 2, "nul\0byte".into())]).await.unwrap();
-    let nul = store.read_logs(job, &[LogCursor { seq: 7, ..cursor }], 10).await.unwrap();
+    store
+        .append_logs(w, c.task_id, c.attempt, &[(8, 2, "nul\0byte".into())])
+        .await
+        .unwrap();
+    let nul = store
+        .read_logs(job, &[LogCursor { seq: 7, ..cursor }], 10)
+        .await
+        .unwrap();
     assert_eq!(nul[0].text, "nul\u{FFFD}byte");
 }
 
 #[tokio::test]
 async fn cancelling_a_running_job_becomes_a_stop_order_for_its_worker() {
     let store = store().await;
-    let job = store.insert_job(&spec(Accelerator::Cpu), None, None).await.unwrap();
+    let job = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
     let w = worker(&store, "w", 0).await;
-    let c = store.claim_batch(w, CPU, 1, |_| true).await.unwrap().remove(0);
+    let c = store
+        .claim_batch(w, CPU, 1, |_| true)
+        .await
+        .unwrap()
+        .remove(0);
     store.mark_running(w, c.task_id, c.attempt).await.unwrap();
-    assert!(store.stop_orders(w, &[(c.task_id, c.attempt)]).await.unwrap().is_empty());
+    assert!(
+        store
+            .stop_orders(w, &[(c.task_id, c.attempt)])
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     let previous = store.cancel_job(job, "admin").await.unwrap();
     assert_eq!(previous, domain::JobState::Running);
-    let orders = store.stop_orders(w, &[(c.task_id, c.attempt), (999_999, 1)]).await.unwrap();
+    let orders = store
+        .stop_orders(w, &[(c.task_id, c.attempt), (999_999, 1)])
+        .await
+        .unwrap();
     assert_eq!(
         orders,
-        vec![(c.task_id, c.attempt, StopReason::Cancelled), (999_999, 1, StopReason::LeaseLost)]
+        vec![
+            (c.task_id, c.attempt, StopReason::Cancelled),
+            (999_999, 1, StopReason::LeaseLost)
+        ]
     );
     // The process's exit after the kill is recorded, but the job stays cancelled.
     store
-        .complete_task(w, c.task_id, c.attempt, &Completion { exit_code: Some(143), error: None })
+        .complete_task(
+            w,
+            c.task_id,
+            c.attempt,
+            &Completion {
+                exit_code: Some(143),
+                error: None,
+            },
+        )
         .await
         .unwrap();
     let row = store.get_job(job).await.unwrap();
     assert_eq!(row.state, domain::JobState::Cancelled);
-    assert_eq!(store.cancel_job(job, "admin").await.unwrap(), domain::JobState::Cancelled);
+    assert_eq!(
+        store.cancel_job(job, "admin").await.unwrap(),
+        domain::JobState::Cancelled
+    );
 }
 
 #[tokio::test]
 async fn a_repeated_submit_with_the_same_key_creates_one_job() {
     let store = store().await;
-    let a = store.insert_job(&spec(Accelerator::Cpu), None, Some("key-1")).await.unwrap();
-    let b = store.insert_job(&spec(Accelerator::Cpu), None, Some("key-1")).await.unwrap();
-    let c = store.insert_job(&spec(Accelerator::Cpu), None, Some("key-2")).await.unwrap();
+    let a = store
+        .insert_job(&spec(Accelerator::Cpu), None, Some("key-1"))
+        .await
+        .unwrap();
+    let b = store
+        .insert_job(&spec(Accelerator::Cpu), None, Some("key-1"))
+        .await
+        .unwrap();
+    let c = store
+        .insert_job(&spec(Accelerator::Cpu), None, Some("key-2"))
+        .await
+        .unwrap();
     assert_eq!(a, b);
     assert_ne!(a, c);
 }
@@ -253,7 +410,11 @@ async fn several_replicas_migrating_at_once_all_succeed() {
 #[tokio::test]
 async fn only_one_replica_leads_at_a_time_and_leadership_passes_on() {
     let store = store().await;
-    let first = store.try_lead().await.unwrap().expect("the first try leads");
+    let first = store
+        .try_lead()
+        .await
+        .unwrap()
+        .expect("the first try leads");
     assert!(store.try_lead().await.unwrap().is_none());
     first.resign().await;
     assert!(store.try_lead().await.unwrap().is_some());

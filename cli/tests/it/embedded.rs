@@ -1,0 +1,139 @@
+//! `gpulayer up` with no database URL: its own PostgreSQL, kept across restarts and crashes.
+
+use crate::bin;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Up {
+    child: Child,
+    ready: serde_json::Value,
+}
+
+fn start_up(data_dir: &std::path::Path, config: &std::path::Path) -> Up {
+    let mut child = Command::new(bin())
+        .args(["up", "--json", "--listen", "127.0.0.1:0", "--with-worker"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("XDG_CONFIG_HOME", config)
+        .env_remove("DATABASE_URL")
+        .env_remove("GPULAYER_URL")
+        .env_remove("GPULAYER_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let ready = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    Up { child, ready }
+}
+
+fn client(config: &std::path::Path, args: &[&str]) -> testkit::CliOutput {
+    // No GPULAYER_URL/TOKEN: the CLI must find both in the config file `up` wrote.
+    let out = Command::new(bin())
+        .args(args)
+        .env("XDG_CONFIG_HOME", config)
+        .env_remove("GPULAYER_URL")
+        .env_remove("GPULAYER_TOKEN")
+        .output()
+        .unwrap();
+    testkit::CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
+}
+
+fn pg_running(data_dir: &std::path::Path) -> bool {
+    let cluster = std::fs::read_to_string(data_dir.join("postgres/cluster.path")).unwrap();
+    std::path::Path::new(cluster.trim())
+        .join("postmaster.pid")
+        .exists()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn up_runs_its_own_postgres_and_keeps_jobs_across_a_crash_and_a_clean_stop() {
+    let home = tempfile::tempdir().unwrap();
+    let data_dir = home.path().join("data");
+    let config = home.path().join("config");
+
+    let mut first = start_up(&data_dir, &config);
+    assert!(
+        first.ready["admin_token"]
+            .as_str()
+            .unwrap()
+            .starts_with("glc_")
+    );
+    let join_token = first.ready["join_token"].as_str().unwrap().to_string();
+    let config_file = config.join("gpulayer/config.toml");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&config_file)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+
+    let job = client(&config, &["submit", "--json", "--", "echo", "survives"])
+        .success()
+        .json()["id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(client(&config, &["wait", &job.to_string()]).code, 0);
+
+    // kill -9: PostgreSQL keeps running; the next `up` attaches to it.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let mut second = start_up(&data_dir, &config);
+    assert!(
+        second.ready["admin_token"].is_null(),
+        "the admin token is shown once"
+    );
+    assert_eq!(
+        second.ready["join_token"],
+        join_token.as_str(),
+        "the join line stays the same"
+    );
+    let logs = client(&config, &["logs", &job.to_string()]).success();
+    assert_eq!(logs.stdout.trim(), "survives");
+
+    // SIGTERM: a clean stop takes PostgreSQL down with it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = second.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!pg_running(&data_dir), "PostgreSQL stopped with `up`");
+
+    // And starts again from its files.
+    let mut third = start_up(&data_dir, &config);
+    let again = client(&config, &["status", &job.to_string(), "--json"])
+        .success()
+        .json();
+    assert_eq!(again["state"], "succeeded");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(third.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = third.child.wait();
+    std::thread::sleep(Duration::from_millis(10));
+    remove_relocated_cluster(&data_dir);
+}
+
+/// Under root the cluster may live outside the data dir; don't leave it behind.
+fn remove_relocated_cluster(data_dir: &std::path::Path) {
+    if let Ok(path) = std::fs::read_to_string(data_dir.join("postgres/cluster.path")) {
+        let path = std::path::Path::new(path.trim());
+        if !path.starts_with(data_dir) {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
