@@ -389,8 +389,9 @@ fn unprivileged_user() -> Result<RunAs, EmbeddedError> {
     Err(EmbeddedError::NoUnprivilegedUser)
 }
 
-/// Whether `user` can reach `dir` and create files in it: execute on every ancestor, write on
-/// the directory. Decided from mode bits (ACLs are rare on data dirs).
+/// Whether `user` can reach `dir`: execute on it and every ancestor. It need not write there:
+/// the cluster directory is created by us and handed to the user. Decided from mode bits
+/// (ACLs are rare on data dirs).
 fn user_can_enter(user: &RunAs, dir: &Path) -> bool {
     let allows = |path: &Path, bit: u32| {
         let Ok(meta) = std::fs::metadata(path) else {
@@ -405,7 +406,7 @@ fn user_can_enter(user: &RunAs, dir: &Path) -> bool {
             mode & bit != 0
         }
     };
-    dir.ancestors().all(|a| allows(a, 0o1)) && allows(dir, 0o2)
+    dir.ancestors().all(|a| allows(a, 0o1))
 }
 
 fn relocated_cluster_dir(data_dir: &Path) -> PathBuf {
@@ -442,6 +443,35 @@ mod tests {
         // Every machine that builds GPUlayer has them: scripts/test installs them.
         let bin = find_server_binaries().expect("PostgreSQL server binaries are installed");
         assert!(bin.join("initdb").is_file(), "{}", bin.display());
+    }
+
+    #[test]
+    fn a_user_enters_a_directory_only_through_executable_ancestors() {
+        use std::os::unix::fs::PermissionsExt;
+        let nobody = RunAs {
+            name: "nobody".into(),
+            uid: 65534,
+            gid: 65534,
+        };
+        let top = tempfile::tempdir().unwrap();
+        let inner = top.path().join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        for (mode, expect) in [(0o700, false), (0o711, true), (0o755, true)] {
+            std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            let parents_open = top.path().ancestors().skip(1).all(|a| {
+                std::fs::metadata(a)
+                    .map(|m| m.permissions().mode() & 0o001 != 0)
+                    .unwrap_or(false)
+            });
+            if !parents_open {
+                eprintln!(
+                    "skipped: an ancestor of {} is closed to others",
+                    top.path().display()
+                );
+                return;
+            }
+            assert_eq!(user_can_enter(&nobody, &inner), expect, "mode {mode:o}");
+        }
     }
 
     #[test]

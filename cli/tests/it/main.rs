@@ -4,6 +4,7 @@
 mod bad_input;
 mod embedded;
 mod jobs;
+mod provisioners_local;
 
 use std::path::PathBuf;
 use testkit::{Server, ServerOptions};

@@ -419,3 +419,56 @@ async fn only_one_replica_leads_at_a_time_and_leadership_passes_on() {
     first.resign().await;
     assert!(store.try_lead().await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn an_assignment_that_never_reached_its_worker_goes_back_to_the_queue() {
+    let store = store().await;
+    let lost_answer = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+    let forgotten = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+    let kept = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+    let w = worker(&store, "w", 0).await;
+    let claimed = store.claim_batch(w, CPU, 3, |_| true).await.unwrap();
+    let task_of = |job: i64| claimed.iter().find(|c| c.job_id == job).unwrap().clone();
+    for job in [forgotten, kept] {
+        let c = task_of(job);
+        store.mark_running(w, c.task_id, c.attempt).await.unwrap();
+    }
+
+    // The worker's next poll lists only `kept`: the first answer never arrived, and it lost
+    // track of `forgotten` (its process is gone).
+    let touched = store
+        .reconcile_worker_tasks(w, &[task_of(kept).task_id])
+        .await
+        .unwrap();
+    assert_eq!(touched, 2);
+    assert_eq!(
+        store.get_job(lost_answer).await.unwrap().state,
+        domain::JobState::Pending
+    );
+    let failed = store.get_job(forgotten).await.unwrap();
+    assert_eq!(failed.state, domain::JobState::Failed);
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("the worker no longer runs this task")
+    );
+    assert_eq!(
+        store.get_job(kept).await.unwrap().state,
+        domain::JobState::Running
+    );
+
+    let again = store.claim_batch(w, CPU, 1, |_| true).await.unwrap();
+    assert_eq!(again[0].job_id, lost_answer);
+    assert_eq!(
+        again[0].attempt, 2,
+        "a new attempt, so the lost one is fenced off"
+    );
+}
