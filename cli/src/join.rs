@@ -28,6 +28,9 @@ pub(crate) struct JoinArgs {
     /// Keep each job's work directory after it ends (for debugging).
     #[arg(long)]
     keep_work_dirs: bool,
+    /// Print one JSON object per registration (worker_id, name, url, slots) on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_labels(raw: &[String]) -> Result<BTreeMap<String, String>> {
@@ -44,12 +47,28 @@ pub(crate) async fn run(args: JoinArgs) -> Result<()> {
         bail!("--slots must be at least 1");
     }
     let labels = parse_labels(&args.labels)?;
+    crate::settings::set_token_source("--token (or GPULAYER_JOIN_TOKEN): use the join line `gpulayer up` printed");
     let name = args.name.unwrap_or_else(crate::up::hostname);
     let work_root = args
         .work_dir
         .unwrap_or_else(|| crate::settings::default_data_dir().join(format!("worker-{name}")));
     std::fs::create_dir_all(&work_root)
         .with_context(|| format!("cannot create {}", work_root.display()))?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (url, slots, json) = (args.url.clone(), args.slots, args.json);
+    let announced_name = name.clone();
+    tokio::spawn(async move {
+        while let Some(id) = rx.recv().await {
+            if json {
+                let line = serde_json::json!({"worker_id": id, "name": announced_name, "url": url, "slots": slots});
+                println!("{line}");
+            } else {
+                println!(
+                    "joined {url} as worker {id} ('{announced_name}', {slots} slot(s)); waiting for jobs (Ctrl-C to leave)"
+                );
+            }
+        }
+    });
     let config = worker::WorkerConfig {
         url: args.url,
         token: args.token,
@@ -58,6 +77,7 @@ pub(crate) async fn run(args: JoinArgs) -> Result<()> {
         slots: args.slots,
         work_root,
         keep_work_dirs: args.keep_work_dirs,
+        registered: Some(tx),
     };
     worker::run(config, crate::up::shutdown_signal()).await?;
     Ok(())

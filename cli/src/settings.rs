@@ -70,6 +70,11 @@ pub(crate) fn write_config(path: &Path, config: &ConfigFile) -> Result<()> {
     Ok(())
 }
 
+/// Names where the token in use came from, for `explain`.
+pub(crate) fn set_token_source(source: &str) {
+    let _ = TOKEN_SOURCE.set(source.to_string());
+}
+
 /// A client for the configured server.
 pub(crate) fn client() -> Result<Client> {
     let path = config_path();
@@ -98,7 +103,7 @@ pub(crate) fn client() -> Result<Client> {
             ));
         }
     };
-    let _ = TOKEN_SOURCE.set(source);
+    set_token_source(&source);
     Ok(Client::new(&url, Some(&token))?)
 }
 

@@ -147,6 +147,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             slots: args.worker_slots.max(1),
             work_root: data_dir.join("worker"),
             keep_work_dirs: false,
+            registered: None,
         };
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {

@@ -229,6 +229,7 @@ impl EmbeddedPostgres {
     }
 
     fn start_if_stopped(&self) -> Result<(), EmbeddedError> {
+        self.remove_stale_lock_files();
         if self.is_running() {
             return Ok(());
         }
@@ -248,6 +249,32 @@ impl EmbeddedPostgres {
             "-o",
             &options,
         ])
+    }
+
+    /// After a crash the server's lock files name a process that is gone. PostgreSQL clears
+    /// them itself when that pid is free, but not when it is a zombie nobody has reaped yet
+    /// (containers whose PID 1 reaps slowly): a zombie runs nothing, so its locks go.
+    fn remove_stale_lock_files(&self) {
+        let locks = [
+            self.cluster_dir.join("postmaster.pid"),
+            self.socket_dir.join(".s.PGSQL.5432.lock"),
+        ];
+        for lock in locks {
+            let Ok(text) = std::fs::read_to_string(&lock) else {
+                continue;
+            };
+            let Some(pid) = text
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if !process_runs(pid.abs()) {
+                tracing::warn!(lock = %lock.display(), pid, "removing a stale PostgreSQL lock file");
+                let _ = std::fs::remove_file(&lock);
+            }
+        }
     }
 
     fn is_running(&self) -> bool {
@@ -323,43 +350,48 @@ impl EmbeddedPostgres {
     }
 }
 
-/// Finds a directory holding `initdb`, `pg_ctl` and `postgres`, newest version first.
+/// Where PostgreSQL server binaries are usually installed, each a folder of versioned
+/// installs: Debian/Ubuntu, Homebrew (Intel and Apple Silicon), Postgres.app, RHEL's PGDG.
+const SEARCH_ROOTS: &[&str] = &[
+    "/usr/lib/postgresql",
+    "/usr/local/opt",
+    "/opt/homebrew/opt",
+    "/Applications/Postgres.app/Contents/Versions",
+    "/usr",
+];
+
+/// Finds a directory holding `initdb`, `pg_ctl` and `postgres`: PATH first, then the usual
+/// places, newest version first.
 pub fn find_server_binaries() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let roots: Vec<PathBuf> = SEARCH_ROOTS.iter().map(PathBuf::from).collect();
+    find_server_binaries_in(&path, &roots)
+}
+
+fn find_server_binaries_in(path: &std::ffi::OsStr, roots: &[PathBuf]) -> Option<PathBuf> {
     let complete = |dir: &Path| {
         ["initdb", "pg_ctl", "postgres"]
             .iter()
             .all(|b| dir.join(b).is_file())
     };
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            if dir.join("pg_ctl").is_file() {
-                // Debian links pg_ctl into PATH; its siblings live beside the link's target.
-                let real = dir.join("pg_ctl").canonicalize().ok()?;
-                let real_dir = real.parent()?.to_path_buf();
-                if complete(&real_dir) {
-                    return Some(real_dir);
-                }
+    for dir in std::env::split_paths(path) {
+        if let Ok(real) = dir.join("pg_ctl").canonicalize() {
+            // Debian links pg_ctl into PATH; its siblings live beside the link's target.
+            if let Some(real_dir) = real.parent().filter(|d| complete(d)) {
+                return Some(real_dir.to_path_buf());
             }
         }
     }
-    let patterns = [
-        "/usr/lib/postgresql",
-        "/usr/local/opt",
-        "/opt/homebrew/opt",
-        "/Applications/Postgres.app/Contents/Versions",
-        "/usr",
-    ];
     let mut found: Vec<PathBuf> = Vec::new();
-    for root in patterns {
+    for root in roots {
         let Ok(entries) = std::fs::read_dir(root) else {
             continue;
         };
+        let versioned_root = root.ends_with("postgresql") || root.ends_with("Versions");
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            let wanted = root == "/usr/lib/postgresql"
-                || root.ends_with("Versions")
-                || name.starts_with("postgresql")
-                || name.starts_with("pgsql");
+            let wanted =
+                versioned_root || name.starts_with("postgresql") || name.starts_with("pgsql");
             let bin = entry.path().join("bin");
             if wanted && complete(&bin) {
                 found.push(bin);
@@ -374,6 +406,24 @@ pub fn find_server_binaries() -> Option<PathBuf> {
             .collect::<Vec<_>>()
     });
     found.pop()
+}
+
+/// Whether `pid` is a live (not zombie) process.
+fn process_runs(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => {
+            stat.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                != Some("Z")
+        }
+        // No /proc (macOS): ask the kernel; a zombie is rare enough there to ignore.
+        Err(_) if !Path::new("/proc/self").exists() => {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+        }
+        Err(_) => false,
+    }
 }
 
 fn unprivileged_user() -> Result<RunAs, EmbeddedError> {
@@ -472,6 +522,55 @@ mod tests {
             }
             assert_eq!(user_can_enter(&nobody, &inner), expect, "mode {mode:o}");
         }
+    }
+
+    fn fake_install(dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        for b in ["initdb", "pg_ctl", "postgres"] {
+            std::fs::write(dir.join(b), "").unwrap();
+        }
+    }
+
+    #[test]
+    fn the_newest_install_in_the_usual_places_wins_and_none_is_none() {
+        let root = tempfile::tempdir().unwrap();
+        let debian = root.path().join("postgresql");
+        fake_install(&debian.join("13/bin"));
+        fake_install(&debian.join("16/bin"));
+        std::fs::create_dir_all(debian.join("17/bin")).unwrap(); // incomplete: ignored
+        let brew = root.path().join("opt");
+        fake_install(&brew.join("postgresql@9/bin"));
+        std::fs::create_dir_all(brew.join("unrelated/bin")).unwrap();
+        let empty_path = std::ffi::OsStr::new("");
+        assert_eq!(
+            find_server_binaries_in(empty_path, &[debian.clone(), brew.clone()]),
+            Some(debian.join("16/bin"))
+        );
+        assert_eq!(
+            find_server_binaries_in(empty_path, std::slice::from_ref(&brew)),
+            Some(brew.join("postgresql@9/bin"))
+        );
+        assert_eq!(
+            find_server_binaries_in(empty_path, &[root.path().join("nothing")]),
+            None
+        );
+        let msg = EmbeddedError::NoServerBinaries.to_string();
+        assert!(
+            msg.contains("apt-get install postgresql") && msg.contains("--database-url"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn server_binaries_on_path_are_found_first() {
+        let root = tempfile::tempdir().unwrap();
+        let on_path = root.path().join("bin");
+        fake_install(&on_path);
+        let other = root.path().join("postgresql");
+        fake_install(&other.join("99/bin"));
+        let path = std::env::join_paths([root.path().join("missing"), on_path.clone()]).unwrap();
+        let found = find_server_binaries_in(&path, &[other]).unwrap();
+        assert_eq!(found, on_path.canonicalize().unwrap());
     }
 
     #[test]

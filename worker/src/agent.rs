@@ -27,6 +27,8 @@ pub struct WorkerConfig {
     pub slots: u32,
     pub work_root: PathBuf,
     pub keep_work_dirs: bool,
+    /// Told the worker id after each (re-)registration.
+    pub registered: Option<tokio::sync::mpsc::UnboundedSender<i64>>,
 }
 
 /// A running task's stop switch.
@@ -123,6 +125,9 @@ pub async fn run(
         backoff = FIRST_BACKOFF;
         let worker = reg.worker_id.0;
         tracing::info!(worker, name = %config.name, slots = config.slots, "joined {}", config.url);
+        if let Some(tx) = &config.registered {
+            let _ = tx.send(worker);
+        }
 
         let heartbeat = tokio::spawn(heartbeat_loop(
             client.clone(),

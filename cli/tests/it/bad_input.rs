@@ -128,20 +128,49 @@ async fn an_unreachable_server_is_named_in_the_error() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreadable_file_in_the_source_is_named() {
     use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
     let server = server(ServerOptions::default()).await;
-    let src = server.data_dir.path().join("src");
+    // Root reads a mode-000 file, so as root the CLI runs as `nobody`, from a copy of the
+    // binary in a directory `nobody` can enter.
+    let root = nix::unistd::geteuid().is_root();
+    let open = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = open.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("fine.txt"), "x").unwrap();
     let secret = src.join("secret.txt");
     std::fs::write(&secret, "x").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
-    if std::fs::File::open(&secret).is_ok() {
-        eprintln!(
-            "skipped: running as root, which reads a mode-000 file; the archive crate tests this case as a normal user"
-        );
-        return;
+    let program = if root {
+        let copy = open.path().join("gpulayer");
+        std::fs::copy(bin(), &copy).unwrap();
+        copy
+    } else {
+        bin()
+    };
+    let mut cmd = std::process::Command::new(&program);
+    cmd.args(["submit", "--source", src.to_str().unwrap(), "--", "true"])
+        .env("GPULAYER_URL", &server.url)
+        .env("GPULAYER_TOKEN", &server.admin_token)
+        .env("HOME", open.path())
+        .env("TMPDIR", open.path())
+        .current_dir(open.path());
+    if root {
+        // 65534 is `nobody` on Debian and most distributions.
+        std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        cmd.uid(65534).gid(65534);
     }
-    let out = server
-        .cli()
-        .run(&["submit", "--source", src.to_str().unwrap(), "--", "true"]);
+    let out = cmd.output().unwrap();
+    let out = testkit::CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    };
     one_line_error(&out, "cannot read secret.txt");
+    let jobs = server.cli().run(&["jobs", "--json"]).success().json();
+    assert_eq!(
+        jobs["jobs"].as_array().unwrap().len(),
+        0,
+        "nothing was submitted"
+    );
 }

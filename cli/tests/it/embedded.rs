@@ -47,11 +47,27 @@ fn client(config: &std::path::Path, args: &[&str]) -> testkit::CliOutput {
     }
 }
 
-fn pg_running(data_dir: &std::path::Path) -> bool {
+fn cluster_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
     let cluster = std::fs::read_to_string(data_dir.join("postgres/cluster.path")).unwrap();
-    std::path::Path::new(cluster.trim())
-        .join("postmaster.pid")
-        .exists()
+    std::path::PathBuf::from(cluster.trim())
+}
+
+fn pg_running(data_dir: &std::path::Path) -> bool {
+    cluster_dir(data_dir).join("postmaster.pid").exists()
+}
+
+/// Waits until `pid` has exited (it is not our child; its parent reaps it).
+fn wait_gone(pid: i32) {
+    testkit::wait_for("the process to exit", Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let zombie_or_gone = stat.is_none_or(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                == Some("Z")
+        });
+        zombie_or_gone.then_some(())
+    });
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -89,6 +105,30 @@ async fn up_runs_its_own_postgres_and_keeps_jobs_across_a_crash_and_a_clean_stop
     // kill -9: PostgreSQL keeps running; the next `up` attaches to it.
     first.child.kill().unwrap();
     first.child.wait().unwrap();
+    let mut second = start_up(&data_dir, &config);
+    let logs = client(&config, &["logs", &job.to_string()]).success();
+    assert_eq!(logs.stdout.trim(), "survives");
+
+    // Now both die at once (a power cut): PostgreSQL leaves a stale pid file behind, and the
+    // next `up` must start it again from that state.
+    second.child.kill().unwrap();
+    second.child.wait().unwrap();
+    let pid_file = cluster_dir(&data_dir).join("postmaster.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_gone(pid);
+    assert!(pid_file.exists(), "the pid file is stale, not removed");
     let mut second = start_up(&data_dir, &config);
     assert!(
         second.ready["admin_token"].is_null(),

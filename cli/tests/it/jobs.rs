@@ -315,3 +315,68 @@ async fn the_openapi_document_is_served_and_health_endpoints_answer() {
         .unwrap();
     assert_eq!(unauthenticated.status(), 401);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chatty_job_loses_no_line_and_keeps_their_order() {
+    let server = server(ServerOptions::default()).await;
+    let _worker = server.join("w1", &[]);
+    let cli = server.cli();
+    let n = 20_000;
+    let out = cli
+        .run(&["submit", "--follow", "--", "seq", "1", &n.to_string()])
+        .success();
+    let got: Vec<u32> = out.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(got, (1..=n).collect::<Vec<u32>>());
+    let job = cli
+        .run(&["jobs", "--json", "--limit", "1"])
+        .success()
+        .json()["jobs"][0]["id"]
+        .as_i64()
+        .unwrap();
+    let again = cli.run(&["logs", &job.to_string()]).success();
+    assert_eq!(
+        again.stdout, out.stdout,
+        "paging through stored lines gives the same lines"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn join_with_json_announces_the_registration() {
+    use std::io::BufRead;
+    let server = server(ServerOptions::default()).await;
+    let work = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(crate::bin())
+        .args([
+            "join",
+            &server.url,
+            "--token",
+            &server.join_token,
+            "--name",
+            "announced",
+            "--slots",
+            "2",
+            "--json",
+        ])
+        .arg("--work-dir")
+        .arg(work.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let announced: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(announced["name"], "announced");
+    assert_eq!(announced["slots"], 2);
+    assert!(announced["worker_id"].as_i64().unwrap() >= 1);
+
+    let bad = server
+        .cli()
+        .run(&["join", &server.url, "--token", "glj_wrong", "--name", "x"]);
+    assert_ne!(bad.code, 0);
+    assert!(bad.stderr.contains("rejected the token"), "{}", bad.stderr);
+}
