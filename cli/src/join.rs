@@ -47,7 +47,9 @@ pub(crate) async fn run(args: JoinArgs) -> Result<()> {
         bail!("--slots must be at least 1");
     }
     let labels = parse_labels(&args.labels)?;
-    crate::settings::set_token_source("--token (or GPULAYER_JOIN_TOKEN): use the join line `gpulayer up` printed");
+    crate::settings::set_token_source(
+        "--token (or GPULAYER_JOIN_TOKEN): use the join line `gpulayer up` printed",
+    );
     let name = args.name.unwrap_or_else(crate::up::hostname);
     let work_root = args
         .work_dir
