@@ -93,26 +93,6 @@ impl Inventory {
 mod tests {
     use super::*;
 
-    fn inventory(devices: &[Accelerator]) -> Inventory {
-        Inventory {
-            hostname: "h".into(),
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            cpus: 2,
-            memory_bytes: 1 << 30,
-            devices: devices
-                .iter()
-                .enumerate()
-                .map(|(i, k)| Device {
-                    kind: *k,
-                    index: i as u32,
-                    name: "d".into(),
-                    memory_bytes: None,
-                })
-                .collect(),
-        }
-    }
-
     #[test]
     fn runnable_accelerators_follow_the_devices() {
         use Accelerator::*;
@@ -123,7 +103,7 @@ mod tests {
         ];
         for (devices, expect) in cases {
             assert_eq!(
-                inventory(devices).runnable_accelerators(),
+                crate::fixtures::inventory("w", devices).runnable_accelerators(),
                 expect.to_vec(),
                 "{devices:?}"
             );

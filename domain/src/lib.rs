@@ -8,7 +8,10 @@
 //! - [`spec`] — what a user asks for (`JobSpec` and its parts).
 //! - [`inventory`] — what a worker has (`Inventory`, `Accelerator`).
 //! - [`state`] — job and task states and which transitions are legal.
+//! - `fixtures` — test values (feature `fixtures`).
 
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod ids;
 pub mod inventory;
 pub mod spec;

@@ -57,38 +57,7 @@ pub fn check(worker: &Inventory, spec: &JobSpec) -> Result<(), Reason> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use domain::{Command, Device};
-
-    fn worker(devices: &[Accelerator]) -> Inventory {
-        Inventory {
-            hostname: "w".into(),
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            cpus: 8,
-            memory_bytes: 1 << 34,
-            devices: devices
-                .iter()
-                .enumerate()
-                .map(|(i, kind)| Device {
-                    kind: *kind,
-                    index: i as u32,
-                    name: "gpu".into(),
-                    memory_bytes: None,
-                })
-                .collect(),
-        }
-    }
-
-    fn job(accelerator: Accelerator) -> JobSpec {
-        JobSpec {
-            name: None,
-            command: Command::parse(vec!["true".into()]).unwrap(),
-            accelerator,
-            source: None,
-            outputs: vec![],
-            env: vec![],
-        }
-    }
+    use domain::fixtures::{inventory, job};
 
     #[test]
     fn accelerator_needs_are_checked_against_devices() {
@@ -111,7 +80,7 @@ mod tests {
             (&[Mps], Mps, Ok(())),
         ];
         for (devices, wants, expect) in cases {
-            let got = check(&worker(devices), &job(*wants)).map_err(|r| r.to_string());
+            let got = check(&inventory("w", devices), &job(*wants)).map_err(|r| r.to_string());
             assert_eq!(
                 got,
                 expect.map_err(str::to_string),

@@ -93,41 +93,17 @@ pub fn place(workers: &[WorkerView], spec: &JobSpec) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use domain::{Accelerator, Command, Device};
+    use domain::Accelerator;
+    use domain::fixtures::{cuda_inventory, job};
 
     fn view(id: i64, name: &str, cuda: usize, online: bool, slots: u32, busy: u32) -> WorkerView {
         WorkerView {
             id: WorkerId(id),
             name: name.into(),
-            inventory: Inventory {
-                hostname: name.into(),
-                os: "linux".into(),
-                arch: "x86_64".into(),
-                cpus: 4,
-                memory_bytes: 1 << 33,
-                devices: (0..cuda)
-                    .map(|i| Device {
-                        kind: Accelerator::Cuda,
-                        index: i as u32,
-                        name: "gpu".into(),
-                        memory_bytes: None,
-                    })
-                    .collect(),
-            },
+            inventory: cuda_inventory(name, cuda),
             online,
             slots,
             busy_slots: busy,
-        }
-    }
-
-    fn job(accelerator: Accelerator) -> JobSpec {
-        JobSpec {
-            name: None,
-            command: Command::parse(vec!["true".into()]).unwrap(),
-            accelerator,
-            source: None,
-            outputs: vec![],
-            env: vec![],
         }
     }
 

@@ -136,6 +136,12 @@ impl Store {
     /// left as it is.
     pub async fn cancel_job(&self, id: i64, by: &str) -> Result<JobState> {
         let mut tx = self.begin().await?;
+        // Lock order is tasks, then jobs, everywhere (claim, start, complete, rescue): taking
+        // the job first here could deadlock against a claim of the same task.
+        sqlx::query("SELECT id FROM tasks WHERE job_id = $1 ORDER BY id FOR UPDATE")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1 FOR UPDATE")
             .bind(id)
             .fetch_optional(&mut *tx)

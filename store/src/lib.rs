@@ -3,7 +3,8 @@
 //!
 //! PostgreSQL is the only state. Every job state change is one transaction that also writes
 //! an `events` row; every write about a running task names `(task, attempt, worker)` and
-//! reports [`StoreError::LeaseLost`] when that no longer matches (fencing).
+//! reports [`StoreError::LeaseLost`] when that no longer matches (fencing). Transactions that
+//! touch both lock `tasks` rows before `jobs` rows, so they cannot deadlock each other.
 //!
 //! # Layout
 //! - [`embedded`] — the private cluster `gpulayer up` runs when given no database URL.

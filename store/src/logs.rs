@@ -2,7 +2,7 @@
 //! cursors so a follower never skips or repeats a line.
 
 use crate::wakeups::{Channel, notify};
-use crate::{Result, Store, StoreError};
+use crate::{Result, Store};
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
@@ -41,23 +41,7 @@ impl Store {
         lines: &[(i64, i16, String)],
     ) -> Result<()> {
         let mut tx = self.begin().await?;
-        // Lines of a cancelled task are still kept: they are what the process printed
-        // before the stop order reached it.
-        let job_id: Option<i64> = sqlx::query_scalar(
-            "SELECT job_id FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
-             AND state IN ('assigned', 'running', 'cancelled')",
-        )
-        .bind(task_id)
-        .bind(attempt)
-        .bind(worker_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(job_id) = job_id else {
-            return Err(StoreError::LeaseLost {
-                task: task_id,
-                attempt,
-            });
-        };
+        let job_id = crate::queue::leased_job(&mut *tx, worker_id, task_id, attempt).await?;
         let seqs: Vec<i64> = lines.iter().map(|l| l.0).collect();
         let streams: Vec<i16> = lines.iter().map(|l| l.1).collect();
         let texts: Vec<String> = lines.iter().map(|l| storable(&l.2)).collect();

@@ -236,19 +236,7 @@ impl Store {
 
     /// Checks that the task is still this worker's current attempt (for uploads).
     pub async fn check_lease(&self, worker_id: i64, task_id: i64, attempt: i32) -> Result<i64> {
-        sqlx::query_scalar(
-            "SELECT job_id FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
-             AND state IN ('assigned', 'running', 'cancelled')",
-        )
-        .bind(task_id)
-        .bind(attempt)
-        .bind(worker_id)
-        .fetch_optional(self.pool())
-        .await?
-        .ok_or(StoreError::LeaseLost {
-            task: task_id,
-            attempt,
-        })
+        leased_job(self.pool(), worker_id, task_id, attempt).await
     }
 
     /// Records where the task's packed outputs were stored.
@@ -376,4 +364,27 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// The job of a task that is still `(worker, attempt)`'s: assigned, running, or cancelled
+/// (a cancelled task's last lines and outputs are still welcome). `LeaseLost` otherwise.
+pub(crate) async fn leased_job<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    worker_id: i64,
+    task_id: i64,
+    attempt: i32,
+) -> Result<i64> {
+    sqlx::query_scalar(
+        "SELECT job_id FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
+         AND state IN ('assigned', 'running', 'cancelled')",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .bind(worker_id)
+    .fetch_optional(executor)
+    .await?
+    .ok_or(StoreError::LeaseLost {
+        task: task_id,
+        attempt,
+    })
 }

@@ -1,6 +1,6 @@
 //! The queue's promises: one claim per task, fencing by attempt, rescue, cursors, cancels.
 
-use domain::{Accelerator, Command, Device, Inventory, JobSpec};
+use domain::Accelerator;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 use store::{Completion, LogCursor, NewWorker, StopReason, Store};
@@ -10,33 +10,8 @@ async fn store() -> Store {
     Store::open(db.options).await.expect("open store")
 }
 
-fn spec(accelerator: Accelerator) -> JobSpec {
-    JobSpec {
-        name: None,
-        command: Command::parse(vec!["true".into()]).unwrap(),
-        accelerator,
-        source: None,
-        outputs: vec![],
-        env: vec![],
-    }
-}
-
-fn inventory(cuda: usize) -> Inventory {
-    Inventory {
-        hostname: "h".into(),
-        os: "linux".into(),
-        arch: "x86_64".into(),
-        cpus: 2,
-        memory_bytes: 1 << 30,
-        devices: (0..cuda)
-            .map(|i| Device {
-                kind: Accelerator::Cuda,
-                index: i as u32,
-                name: "gpu".into(),
-                memory_bytes: None,
-            })
-            .collect(),
-    }
+fn spec(accelerator: Accelerator) -> domain::JobSpec {
+    domain::fixtures::job(accelerator)
 }
 
 async fn worker(store: &Store, name: &str, cuda: usize) -> i64 {
@@ -45,7 +20,7 @@ async fn worker(store: &Store, name: &str, cuda: usize) -> i64 {
             name,
             labels: &BTreeMap::new(),
             slots: 4,
-            inventory: &inventory(cuda),
+            inventory: &domain::fixtures::cuda_inventory(name, cuda),
             version: "test",
         })
         .await
@@ -471,4 +446,46 @@ async fn an_assignment_that_never_reached_its_worker_goes_back_to_the_queue() {
         again[0].attempt, 2,
         "a new attempt, so the lost one is fenced off"
     );
+}
+
+#[tokio::test]
+async fn cancels_racing_claims_neither_deadlock_nor_run_a_cancelled_job() {
+    let store = store().await;
+    let mut jobs = Vec::new();
+    for _ in 0..40 {
+        jobs.push(
+            store
+                .insert_job(&spec(Accelerator::Cpu), None, None)
+                .await
+                .unwrap(),
+        );
+    }
+    let w = worker(&store, "w", 0).await;
+    let claims = async {
+        let mut claimed = Vec::new();
+        for _ in 0..20 {
+            claimed.extend(store.claim_batch(w, CPU, 2, |_| true).await.expect("claim"));
+        }
+        claimed
+    };
+    let cancels = async {
+        for job in &jobs {
+            store.cancel_job(*job, "test").await.expect("cancel");
+        }
+    };
+    let (claimed, ()) = tokio::join!(claims, cancels);
+    for c in &claimed {
+        // Whatever was claimed before its cancel is now a stop order, never a job to start.
+        let start = store.mark_running(w, c.task_id, c.attempt).await;
+        assert!(
+            matches!(start, Err(store::StoreError::LeaseLost { .. })),
+            "{start:?}"
+        );
+    }
+    for job in jobs {
+        assert_eq!(
+            store.get_job(job).await.unwrap().state,
+            domain::JobState::Cancelled
+        );
+    }
 }
