@@ -35,6 +35,8 @@ pub enum Permission {
     ReadJobs,
     SubmitJobs,
     ActAsWorker,
+    /// Download sources: clients that read jobs, and workers that stage them.
+    FetchSources,
 }
 
 impl Caller {
@@ -42,9 +44,9 @@ impl Caller {
         use Permission::*;
         let allowed = match self.role {
             Role::Admin => true,
-            Role::Submitter => matches!(permission, ReadJobs | SubmitJobs),
-            Role::ReadOnly => permission == ReadJobs,
-            Role::Join => permission == ActAsWorker,
+            Role::Submitter => matches!(permission, ReadJobs | SubmitJobs | FetchSources),
+            Role::ReadOnly => matches!(permission, ReadJobs | FetchSources),
+            Role::Join => matches!(permission, ActAsWorker | FetchSources),
         };
         if allowed {
             Ok(())
@@ -57,6 +59,7 @@ impl Caller {
                     ReadJobs => "read jobs",
                     SubmitJobs => "submit or cancel jobs",
                     ActAsWorker => "act as a worker",
+                    FetchSources => "download sources",
                 }
             )))
         }
@@ -108,13 +111,14 @@ mod tests {
     fn roles_allow_exactly_their_permissions() {
         use Permission::*;
         let table = [
-            (Role::Admin, [true, true, true]),
-            (Role::Submitter, [true, true, false]),
-            (Role::ReadOnly, [true, false, false]),
-            (Role::Join, [false, false, true]),
+            (Role::Admin, [true, true, true, true]),
+            (Role::Submitter, [true, true, false, true]),
+            (Role::ReadOnly, [true, false, false, true]),
+            (Role::Join, [false, false, true, true]),
         ];
         for (role, expect) in table {
-            let got = [ReadJobs, SubmitJobs, ActAsWorker].map(|p| caller(role).require(p).is_ok());
+            let got = [ReadJobs, SubmitJobs, ActAsWorker, FetchSources]
+                .map(|p| caller(role).require(p).is_ok());
             assert_eq!(got, expect, "{role:?}");
         }
     }

@@ -92,9 +92,7 @@ pub async fn exists(
     caller: Caller,
     Path(raw): Path<String>,
 ) -> ApiResult<Response> {
-    caller
-        .require(Permission::ReadJobs)
-        .or_else(|_| caller.require(Permission::ActAsWorker))?;
+    caller.require(Permission::FetchSources)?;
     match app.store.blob_size(digest(&raw)?.as_str()).await? {
         Some(size) => {
             Ok(([(header::CONTENT_LENGTH, size.to_string())], StatusCode::OK).into_response())
@@ -110,9 +108,7 @@ pub async fn download(
     caller: Caller,
     Path(raw): Path<String>,
 ) -> ApiResult<Response> {
-    caller
-        .require(Permission::ReadJobs)
-        .or_else(|_| caller.require(Permission::ActAsWorker))?;
+    caller.require(Permission::FetchSources)?;
     let digest = digest(&raw)?;
     if app.store.blob_size(digest.as_str()).await?.is_none() {
         return Err(ApiError::NotFound(format!(

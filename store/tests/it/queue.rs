@@ -29,6 +29,22 @@ async fn worker(store: &Store, name: &str, cuda: usize) -> i64 {
 
 const CPU: &[Accelerator] = &[Accelerator::Cpu, Accelerator::Any];
 
+/// A cpu job running on a fresh worker named `name`: (job, worker, its claimed task).
+async fn running_job(store: &Store, name: &str) -> (i64, i64, store::Claimed) {
+    let job = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+    let w = worker(store, name, 0).await;
+    let c = store
+        .claim_batch(w, CPU, 1, |_| true)
+        .await
+        .unwrap()
+        .remove(0);
+    store.mark_running(w, c.task_id, c.attempt).await.unwrap();
+    (job, w, c)
+}
+
 #[tokio::test]
 async fn racing_workers_never_claim_the_same_task() {
     let store = store().await;
@@ -135,18 +151,8 @@ async fn the_claim_reads_the_claimable_index_in_order_without_sorting() {
 #[tokio::test]
 async fn a_stale_attempt_can_neither_log_nor_complete() {
     let store = store().await;
-    let job = store
-        .insert_job(&spec(Accelerator::Cpu), None, None)
-        .await
-        .unwrap();
-    let w = worker(&store, "w", 0).await;
+    let (job, w, c) = running_job(&store, "w").await;
     let other = worker(&store, "other", 0).await;
-    let c = store
-        .claim_batch(w, CPU, 1, |_| true)
-        .await
-        .unwrap()
-        .remove(0);
-    store.mark_running(w, c.task_id, c.attempt).await.unwrap();
 
     let wrong_attempt = store
         .append_logs(w, c.task_id, c.attempt + 1, &[(0, 1, "x".into())])
@@ -192,17 +198,7 @@ async fn a_stale_attempt_can_neither_log_nor_complete() {
 #[tokio::test]
 async fn silent_workers_are_declared_lost_and_their_jobs_fail_with_the_reason() {
     let store = store().await;
-    let job = store
-        .insert_job(&spec(Accelerator::Cpu), None, None)
-        .await
-        .unwrap();
-    let w = worker(&store, "flaky", 0).await;
-    let c = store
-        .claim_batch(w, CPU, 1, |_| true)
-        .await
-        .unwrap()
-        .remove(0);
-    store.mark_running(w, c.task_id, c.attempt).await.unwrap();
+    let (job, w, _) = running_job(&store, "flaky").await;
 
     assert!(
         store
@@ -297,17 +293,7 @@ async fn log_cursors_skip_nothing_and_repeat_nothing() {
 #[tokio::test]
 async fn cancelling_a_running_job_becomes_a_stop_order_for_its_worker() {
     let store = store().await;
-    let job = store
-        .insert_job(&spec(Accelerator::Cpu), None, None)
-        .await
-        .unwrap();
-    let w = worker(&store, "w", 0).await;
-    let c = store
-        .claim_batch(w, CPU, 1, |_| true)
-        .await
-        .unwrap()
-        .remove(0);
-    store.mark_running(w, c.task_id, c.attempt).await.unwrap();
+    let (job, w, c) = running_job(&store, "w").await;
     assert!(
         store
             .stop_orders(w, &[(c.task_id, c.attempt)])
