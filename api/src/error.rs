@@ -26,6 +26,9 @@ pub enum ApiError {
     Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// No online worker could ever run the job.
+    #[error("{}", .0.table)]
+    Unplaceable(protocol::PlacementReport),
 }
 
 impl ApiError {
@@ -40,6 +43,7 @@ impl ApiError {
             ApiError::WorkerLost(_) => (StatusCode::GONE, ErrorCode::WorkerLost),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
+            ApiError::Unplaceable(_) => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::Unplaceable),
         }
     }
 }
@@ -47,6 +51,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.parts();
+        let placement = match &self {
+            ApiError::Unplaceable(report) => Some(report.clone()),
+            _ => None,
+        };
         let message = match &self {
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
@@ -54,7 +62,15 @@ impl IntoResponse for ApiError {
             }
             other => other.to_string(),
         };
-        (status, Json(ErrorBody { code, message })).into_response()
+        (
+            status,
+            Json(ErrorBody {
+                code,
+                message,
+                placement,
+            }),
+        )
+            .into_response()
     }
 }
 

@@ -60,6 +60,8 @@ pub(crate) fn job_view(row: JobRow) -> JobView {
         reason: row.reason,
         submitted_by: row.submitted_by,
         outputs_bytes: row.outputs_bytes,
+        devices: row.devices,
+        waiting: None,
         created_at: row.created_at,
         assigned_at: row.assigned_at,
         started_at: row.started_at,
@@ -90,6 +92,7 @@ pub async fn submit(
 ) -> ApiResult<Json<JobView>> {
     caller.require(Permission::SubmitJobs)?;
     let req = json_body(body)?;
+    crate::placement::admit(&app, &req.spec).await?;
     if let Some(source) = &req.spec.source {
         let stored = app.store.blob_size(source.digest.as_str()).await?;
         if stored.is_none() {
@@ -161,7 +164,14 @@ pub async fn status(
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
     caller.require(Permission::ReadJobs)?;
-    Ok(Json(job_view(app.store.get_job(job_id(&id)?).await?)))
+    let row = app.store.get_job(job_id(&id)?).await?;
+    let pending = row.state == JobState::Pending;
+    let spec = row.spec.clone();
+    let mut view = job_view(row);
+    if pending {
+        view.waiting = Some(crate::placement::waiting(&app, &spec).await?);
+    }
+    Ok(Json(view))
 }
 
 /// Cancel a job: a pending job never starts; a running one's process group is killed.

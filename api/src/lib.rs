@@ -9,6 +9,7 @@
 //! - [`jobs`] — submit, list, status, cancel, logs (page and websocket), outputs download.
 //! - [`blobs`] — content-addressed source uploads and downloads.
 //! - [`worker_channel`] — register, long poll, heartbeat, started, logs, outputs, complete.
+//! - [`placement`] — admission at submit, dry runs, why a pending job waits.
 //! - [`hub`] — one LISTEN connection per replica fanned out to waiting requests.
 //! - [`sweeper`] — the leader election loop and the rescue of lost workers.
 //! - [`openapi`] — the generated OpenAPI document.
@@ -19,6 +20,7 @@ pub mod error;
 pub mod hub;
 pub mod jobs;
 pub mod openapi;
+pub mod placement;
 pub mod server;
 pub mod sweeper;
 pub mod worker_channel;

@@ -15,6 +15,7 @@ use utoipa::OpenApi;
         crate::jobs::list,
         crate::jobs::status,
         crate::jobs::cancel,
+        crate::placement::dry_run,
         crate::jobs::logs_page,
         crate::jobs::logs_ws,
         crate::jobs::download_outputs,

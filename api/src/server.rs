@@ -56,6 +56,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi::document))
         .route("/jobs", post(jobs::submit).get(jobs::list))
         .route("/jobs/{id}", get(jobs::status))
+        .route("/placement", post(crate::placement::dry_run))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/logs", get(jobs::logs_page))
         .route("/jobs/{id}/logs/ws", get(jobs::logs_ws))

@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use domain::{Attempt, Inventory, JobId, TaskId, WorkerId};
+use domain::{Attempt, JobId, TaskId, WorkerId};
 use protocol::{
     Assignment, CompleteRequest, HeartbeatRequest, LogBatch, PollRequest, PollResponse,
     RegisterRequest, RegisterResponse, StopOrder, StopWhy, TaskLease, WorkerList, WorkerSummary,
@@ -100,6 +100,7 @@ pub async fn list(State(app): State<AppState>, caller: Caller) -> ApiResult<Json
             version: w.version,
             last_seen: w.last_seen,
             registered_at: w.registered_at,
+            busy_devices: w.busy_devices,
         })
         .collect();
     Ok(Json(WorkerList { workers }))
@@ -119,15 +120,20 @@ pub async fn deregister(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn worker_inventory(app: &AppState, worker: i64) -> ApiResult<Inventory> {
-    let row: Option<sqlx::types::Json<Inventory>> =
-        sqlx::query_scalar("SELECT inventory FROM workers WHERE id = $1")
-            .bind(worker)
-            .fetch_optional(app.store.pool())
-            .await
-            .map_err(store::StoreError::from)?;
-    row.map(|j| j.0)
-        .ok_or_else(|| ApiError::NotFound(format!("worker {worker} is not registered")))
+/// The scheduler's view of one worker for its own claims: slots are counted by the poll
+/// (`free_slots`) and busy devices by the claim, so both start empty here.
+async fn claiming_view(app: &AppState, worker: i64) -> ApiResult<scheduler::WorkerView> {
+    let row = app.store.worker(worker).await?;
+    Ok(scheduler::WorkerView {
+        id: WorkerId(row.id),
+        name: row.name,
+        inventory: row.inventory,
+        labels: row.labels,
+        online: true,
+        slots: u32::MAX,
+        busy_slots: 0,
+        busy_devices: vec![],
+    })
 }
 
 fn stop_orders(found: Vec<(i64, i32, StopReason)>) -> Vec<StopOrder> {
@@ -157,8 +163,8 @@ pub async fn poll(
     caller.require(Permission::ActAsWorker)?;
     let req = json_body(body)?;
     let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_POLL_WAIT);
-    let inventory = worker_inventory(&app, worker).await?;
-    let accelerators = inventory.runnable_accelerators();
+    let mut view = claiming_view(&app, worker).await?;
+    let accelerators = view.inventory.runnable_accelerators();
     let running: Vec<(i64, i32)> = req
         .running
         .iter()
@@ -175,8 +181,9 @@ pub async fn poll(
         let stop = stop_orders(app.store.stop_orders(worker, &running).await?);
         let claimed = app
             .store
-            .claim_batch(worker, &accelerators, req.free_slots, |spec| {
-                scheduler::check(&inventory, spec).is_ok()
+            .claim_batch(worker, &accelerators, req.free_slots, |spec, busy| {
+                view.busy_devices = busy.to_vec();
+                scheduler::fit_now(&view, spec).ok()
             })
             .await?;
         let assignments: Vec<Assignment> = claimed
@@ -186,6 +193,7 @@ pub async fn poll(
                 task: TaskId(c.task_id),
                 attempt: Attempt(c.attempt),
                 spec: c.spec,
+                devices: c.devices,
             })
             .collect();
         if !stop.is_empty() || !assignments.is_empty() || Instant::now() >= deadline {

@@ -169,8 +169,22 @@ pub(crate) async fn status(args: JobArg) -> Result<()> {
             format!("{} (gpulayer download {})", table::bytes(b as u64), job.id),
         ));
     }
+    if !job.devices.is_empty() {
+        let d: Vec<String> = job
+            .devices
+            .iter()
+            .map(|d| format!("{}:{d}", job.accelerator))
+            .collect();
+        lines.push(("devices", d.join(", ")));
+    }
     for (k, v) in lines {
         println!("{:<12} {v}", format!("{k}:"));
+    }
+    if let Some(waiting) = &job.waiting {
+        println!(
+            "waiting:     {}",
+            waiting.table.replace('\n', "\n             ")
+        );
     }
     Ok(())
 }

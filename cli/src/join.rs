@@ -28,6 +28,16 @@ pub(crate) struct JoinArgs {
     /// Keep each job's work directory after it ends (for debugging).
     #[arg(long)]
     keep_work_dirs: bool,
+    /// The Python interpreter jobs run with; frameworks are checked with it.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Run the framework checks again instead of using cached results.
+    #[arg(long)]
+    refresh_checks: bool,
+    /// TESTING: advertise the inventory in this JSON file instead of probing (shown as
+    /// simulated). For load tests and tests of placement on hardware you do not have.
+    #[arg(long, value_name = "FILE")]
+    inventory: Option<PathBuf>,
     /// Print one JSON object per registration (worker_id, name, url, slots) on stdout.
     #[arg(long)]
     json: bool,
@@ -42,11 +52,24 @@ fn parse_labels(raw: &[String]) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
+fn read_inventory(path: &std::path::Path) -> Result<domain::Inventory> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read --inventory {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("--inventory {} is not an inventory (the JSON `gpulayer resources detect --json` prints)", path.display()))
+}
+
 pub(crate) async fn run(args: JoinArgs) -> Result<()> {
     if args.slots == 0 {
         bail!("--slots must be at least 1");
     }
     let labels = parse_labels(&args.labels)?;
+    let inventory = match &args.inventory {
+        Some(path) => worker::InventorySource::Recorded(Box::new(read_inventory(path)?)),
+        None => worker::InventorySource::Probe {
+            python: args.python.clone(),
+            refresh: args.refresh_checks,
+        },
+    };
     crate::settings::set_token_source(
         "--token (or GPULAYER_JOIN_TOKEN): use the join line `gpulayer up` printed",
     );
@@ -80,6 +103,7 @@ pub(crate) async fn run(args: JoinArgs) -> Result<()> {
         work_root,
         keep_work_dirs: args.keep_work_dirs,
         registered: Some(tx),
+        inventory,
     };
     worker::run(config, crate::up::shutdown_signal()).await?;
     Ok(())

@@ -7,12 +7,14 @@
 //! - [`up`], [`join`]: the server and worker processes.
 //! - [`submit`] — packing a source and submitting a job.
 //! - [`jobs`] — jobs, status, wait, cancel, download, workers.
+//! - [`resources`] — what workers (or this machine) have.
 //! - [`logs`] — printing and following log lines.
 //! - [`table`] — human output.
 
 mod jobs;
 mod join;
 mod logs;
+mod resources;
 mod settings;
 mod submit;
 mod table;
@@ -54,6 +56,8 @@ enum Command {
     Cancel(jobs::JobArg),
     /// List workers.
     Workers(jobs::WorkersArgs),
+    /// Every worker's devices, frameworks and what is free; `resources detect` probes this machine.
+    Resources(resources::ResourcesArgs),
 }
 
 fn init_tracing(default: &str) {
@@ -104,6 +108,7 @@ fn main() -> ExitCode {
             Command::Download(a) => jobs::download(a).await,
             Command::Cancel(a) => jobs::cancel(a).await,
             Command::Workers(a) => jobs::workers(a).await,
+            Command::Resources(a) => resources::run(a).await,
         }
     });
     match result {

@@ -3,7 +3,11 @@
 use crate::logs::{follow, job_exit_code};
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use domain::{Accelerator, Command, Digest, EnvVar, JobName, JobSpec, OutputGlob, SourceRef};
+use domain::requirements::{parse_device_count, parse_memory};
+use domain::{
+    Accelerator, Command, Digest, EnvVar, FrameworkSpec, JobName, JobSpec, LabelSelector,
+    OutputGlob, Requirements, SourceRef,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use protocol::SubmitRequest;
 use std::io::IsTerminal;
@@ -28,6 +32,21 @@ pub(crate) struct SubmitArgs {
     /// A name to recognise the job by.
     #[arg(long)]
     name: Option<String>,
+    /// How many devices of the accelerator kind [default: 1 for cuda/mps].
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    devices: Option<String>,
+    /// Least memory each device must have, e.g. 40GiB.
+    #[arg(long, value_name = "SIZE")]
+    min_device_memory: Option<String>,
+    /// A framework the job needs, with PEP 440 versions: 'jax>=0.4', 'torch>=2,<3' (repeatable).
+    #[arg(long = "framework", value_name = "SPEC")]
+    frameworks: Vec<String>,
+    /// A label the worker must carry, KEY=VALUE (repeatable).
+    #[arg(long = "where", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// Show which workers could run the job, and why not, without submitting it.
+    #[arg(long)]
+    dry_run: bool,
     /// Stream the job's logs and exit with its exit code.
     #[arg(long)]
     follow: bool,
@@ -41,7 +60,7 @@ pub(crate) struct SubmitArgs {
 
 /// Checks everything the user typed before anything is packed or sent.
 fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
-    Ok(JobSpec {
+    let spec = JobSpec {
         name: args.name.as_deref().map(JobName::parse).transpose()?,
         command: Command::parse(args.command.clone())?,
         accelerator: args.accelerator.parse::<Accelerator>()?,
@@ -56,7 +75,47 @@ fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
             .iter()
             .map(|e| EnvVar::parse(e))
             .collect::<Result<_, _>>()?,
-    })
+        requirements: Requirements {
+            devices: args
+                .devices
+                .as_deref()
+                .map(parse_device_count)
+                .transpose()?,
+            min_device_memory_bytes: args
+                .min_device_memory
+                .as_deref()
+                .map(parse_memory)
+                .transpose()?,
+            frameworks: args
+                .frameworks
+                .iter()
+                .map(|f| FrameworkSpec::parse(f))
+                .collect::<Result<_, _>>()?,
+            labels: args
+                .labels
+                .iter()
+                .map(|l| LabelSelector::parse(l))
+                .collect::<Result<_, _>>()?,
+        },
+    };
+    spec.check()?;
+    Ok(spec)
+}
+
+/// Exit code of a submit that no worker could ever run (and of a dry run that finds none).
+pub(crate) const EXIT_UNPLACEABLE: u8 = 3;
+
+/// Prints a placement table (or its JSON) and returns the exit code it calls for.
+pub(crate) fn print_placement(report: &protocol::PlacementReport, json: bool) -> Result<u8> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else if report.eligible_workers == 0 {
+        eprintln!("{}", report.table);
+    } else {
+        println!("{}", report.table);
+    }
+    let none = report.eligible_workers == 0 && !report.verdicts.is_empty();
+    Ok(if none { EXIT_UNPLACEABLE } else { 0 })
 }
 
 pub(crate) async fn run(args: SubmitArgs) -> Result<()> {
@@ -65,12 +124,36 @@ pub(crate) async fn run(args: SubmitArgs) -> Result<()> {
         check_source_dir(dir)?;
     }
     let client = crate::settings::client()?;
+    if args.dry_run {
+        let report = client.placement(&SubmitRequest { spec }).await?;
+        let code = print_placement(&report, args.json)?;
+        if code != 0 {
+            return Err(crate::Exit(code).into());
+        }
+        return Ok(());
+    }
+    // Ask before packing and uploading a source nobody could run.
+    let report = client
+        .placement(&SubmitRequest { spec: spec.clone() })
+        .await?;
+    if report.eligible_workers == 0 && !report.verdicts.is_empty() {
+        print_placement(&report, args.json)?;
+        return Err(crate::Exit(EXIT_UNPLACEABLE).into());
+    }
     let show_progress = std::io::stderr().is_terminal() && !args.json;
     if let Some(dir) = &args.source {
         spec.source = Some(ship_source(&client, dir, show_progress).await?);
     }
     let key = uuid::Uuid::new_v4().to_string();
-    let job = client.submit(&SubmitRequest { spec }, &key).await?;
+    let job = match client.submit(&SubmitRequest { spec }, &key).await {
+        Ok(job) => job,
+        // A worker left between the check and the submit.
+        Err(client::ClientError::Unplaceable(report)) => {
+            print_placement(&report, args.json)?;
+            return Err(crate::Exit(EXIT_UNPLACEABLE).into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
     } else if !args.follow {

@@ -148,6 +148,10 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             work_root: data_dir.join("worker"),
             keep_work_dirs: false,
             registered: None,
+            inventory: worker::InventorySource::Probe {
+                python: "python3".into(),
+                refresh: false,
+            },
         };
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {

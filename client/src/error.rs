@@ -22,6 +22,9 @@ pub enum ClientError {
         code: ErrorCode,
         message: String,
     },
+    /// No online worker could ever run the job: every worker's verdict.
+    #[error("{}", .0.table)]
+    Unplaceable(protocol::PlacementReport),
     #[error("unexpected answer from {url}: {detail}")]
     Protocol { url: String, detail: String },
     #[error("{context}: {source}")]
@@ -38,6 +41,7 @@ impl ClientError {
         match self {
             ClientError::Api { code, .. } => Some(*code),
             ClientError::Unauthorized { .. } => Some(ErrorCode::Unauthorized),
+            ClientError::Unplaceable(_) => Some(ErrorCode::Unplaceable),
             _ => None,
         }
     }

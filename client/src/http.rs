@@ -115,6 +115,10 @@ impl Client {
         }
         let text = resp.text().await.unwrap_or_default();
         let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(ErrorBody {
+                placement: Some(report),
+                ..
+            }) => return Err(ClientError::Unplaceable(report)),
             Ok(body) => (body.code, body.message),
             Err(_) => (
                 protocol::ErrorCode::Internal,
@@ -204,6 +208,14 @@ impl Client {
             path.push_str(&format!("&state={s}"));
         }
         self.get_json(&path).await
+    }
+
+    /// A dry run: which workers could run this job. Nothing is stored.
+    pub async fn placement(
+        &self,
+        req: &SubmitRequest,
+    ) -> Result<protocol::PlacementReport, ClientError> {
+        self.post_json("/v1/placement", req, true).await
     }
 
     pub async fn job(&self, id: i64) -> Result<JobView, ClientError> {

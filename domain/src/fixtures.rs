@@ -19,9 +19,16 @@ pub fn inventory(name: &str, devices: &[Accelerator]) -> Inventory {
                 kind: *kind,
                 index: i as u32,
                 name: "gpu".into(),
-                memory_bytes: None,
+                memory_bytes: Some(16 << 30),
+                uuid: Some(format!("GPU-{name}-{i}")),
+                compute_capability: None,
             })
             .collect(),
+        driver_version: None,
+        cuda_version: None,
+        topology: None,
+        frameworks: vec![],
+        simulated: true,
     }
 }
 
@@ -39,5 +46,6 @@ pub fn job(accelerator: Accelerator) -> JobSpec {
         source: None,
         outputs: vec![],
         env: vec![],
+        requirements: Default::default(),
     }
 }

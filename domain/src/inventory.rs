@@ -61,6 +61,36 @@ pub struct Device {
     /// Human name, such as `NVIDIA H200` or `Apple M2 Max`.
     pub name: String,
     pub memory_bytes: Option<u64>,
+    /// `GPU-8f6...` for NVIDIA devices; what `CUDA_VISIBLE_DEVICES` is given.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// `9.0` for an H100.
+    #[serde(default)]
+    pub compute_capability: Option<String>,
+}
+
+/// The outcome of running one framework on one device kind in a subprocess.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameworkCheck {
+    pub library: crate::Library,
+    /// The device kind checked (`cuda` for `torch.cuda`, `mps` for `torch.mps` and `mlx`).
+    pub device: Accelerator,
+    /// The installed version, when the library imports.
+    pub version: Option<String>,
+    /// True only when a computation ran on the device and gave the right answer.
+    pub usable: bool,
+    /// Why not, in words, when not usable.
+    pub reason: Option<String>,
+}
+
+impl FrameworkCheck {
+    /// `torch.cuda`, `mlx`.
+    pub fn name(&self) -> String {
+        match self.library {
+            crate::Library::Mlx => "mlx".to_string(),
+            l => format!("{l}.{}", self.device),
+        }
+    }
 }
 
 /// What a worker reports about itself when it registers.
@@ -72,12 +102,45 @@ pub struct Inventory {
     pub cpus: u32,
     pub memory_bytes: u64,
     pub devices: Vec<Device>,
+    /// NVIDIA driver and the CUDA version it supports, when there is one.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    #[serde(default)]
+    pub cuda_version: Option<String>,
+    /// The GPU interconnect matrix, indexed like the CUDA devices' `index`.
+    #[serde(default)]
+    pub topology: Option<crate::Topology>,
+    #[serde(default)]
+    pub frameworks: Vec<FrameworkCheck>,
+    /// True when the worker advertises a recorded inventory instead of probing (tests and
+    /// load tests: `gpulayer join --inventory FILE`).
+    #[serde(default)]
+    pub simulated: bool,
 }
 
 impl Inventory {
     /// How many devices of this kind the worker has.
     pub fn count(&self, kind: Accelerator) -> usize {
         self.devices.iter().filter(|d| d.kind == kind).count()
+    }
+
+    /// What the worker found out about `library` on `device`, if it checked.
+    pub fn framework(
+        &self,
+        library: crate::Library,
+        device: Accelerator,
+    ) -> Option<&FrameworkCheck> {
+        self.frameworks
+            .iter()
+            .find(|f| f.library == library && f.device == device)
+    }
+
+    /// The installed version of `library` from any of its checks.
+    pub fn framework_version(&self, library: crate::Library) -> Option<&str> {
+        self.frameworks
+            .iter()
+            .filter(|f| f.library == library)
+            .find_map(|f| f.version.as_deref())
     }
 
     /// The accelerator kinds whose jobs this worker could run at all.

@@ -7,6 +7,9 @@
 //! - [`ids`] — typed ids for jobs, tasks, workers and attempts.
 //! - [`spec`] — what a user asks for (`JobSpec` and its parts).
 //! - [`inventory`] — what a worker has (`Inventory`, `Accelerator`).
+//! - [`requirements`] — device counts, memory, frameworks and labels a job asks for.
+//! - [`version`] — PEP 440 versions and specifiers for framework requirements.
+//! - [`topology`] — the GPU interconnect matrix (`nvidia-smi topo -m`).
 //! - [`state`] — job and task states and which transitions are legal.
 //! - `fixtures` — test values (feature `fixtures`).
 
@@ -14,10 +17,16 @@
 pub mod fixtures;
 pub mod ids;
 pub mod inventory;
+pub mod requirements;
 pub mod spec;
 pub mod state;
+pub mod topology;
+pub mod version;
 
 pub use ids::{Attempt, JobId, TaskId, WorkerId};
-pub use inventory::{Accelerator, Device, Inventory};
+pub use inventory::{Accelerator, Device, FrameworkCheck, Inventory};
+pub use requirements::{FrameworkSpec, LabelSelector, Library, Requirements};
 pub use spec::{Command, Digest, EnvVar, JobName, JobSpec, OutputGlob, SourceRef, SpecError};
 pub use state::{JobState, TaskState};
+pub use topology::{Link, Topology};
+pub use version::{Version, VersionSpec};

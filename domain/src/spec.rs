@@ -35,6 +35,24 @@ pub enum SpecError {
         "job name '{0}' is too long or has control characters (at most 128 printable characters)"
     )]
     BadName(String),
+    #[error("'{0}' is not a version (e.g. 2.5.1)")]
+    BadVersion(String),
+    #[error(
+        "'{0}' is not a version specifier (PEP 440: e.g. '>=0.4', '>=2,<3', '==2.5.*', '~=1.2')"
+    )]
+    BadVersionSpec(String),
+    #[error("unknown framework '{0}': GPUlayer checks torch, jax, cupy and mlx")]
+    UnknownFramework(String),
+    #[error("framework spec '{0}' is not NAME[SPECIFIERS] (e.g. 'jax>=0.4' or 'torch>=2,<3')")]
+    BadFramework(String),
+    #[error("label selector '{0}' is not KEY=VALUE (e.g. --where zone=europe-west1-b)")]
+    BadLabelSelector(String),
+    #[error("'{0}' is not a device count (a whole number, 0 or more)")]
+    BadDeviceCount(String),
+    #[error("'{0}' is not a memory size (e.g. 40GiB, 512MiB)")]
+    BadMemory(String),
+    #[error("{0}")]
+    Inconsistent(String),
     #[error("'{given}' is not a {what} id ({what} ids are numbers, as `gpulayer jobs` shows them)")]
     BadId { what: &'static str, given: String },
 }
@@ -295,6 +313,34 @@ pub struct JobSpec {
     pub outputs: Vec<OutputGlob>,
     #[serde(default)]
     pub env: Vec<EnvVar>,
+    #[serde(default)]
+    pub requirements: crate::Requirements,
+}
+
+impl JobSpec {
+    /// Checks the parts against each other (each part was checked when it was parsed).
+    pub fn check(&self) -> Result<(), SpecError> {
+        let r = &self.requirements;
+        if let Some(n) = r.devices {
+            if n > 0 && !self.accelerator.needs_device() {
+                return Err(SpecError::Inconsistent(format!(
+                    "--devices {n} needs a device kind: add --accelerator cuda or --accelerator mps"
+                )));
+            }
+            if n == 0 && self.accelerator.needs_device() {
+                return Err(SpecError::Inconsistent(format!(
+                    "--devices 0 with --accelerator {}: ask for at least 1 device, or use --accelerator cpu",
+                    self.accelerator
+                )));
+            }
+        }
+        if r.min_device_memory_bytes.is_some() && !self.accelerator.needs_device() {
+            return Err(SpecError::Inconsistent(
+                "--min-device-memory needs a device kind: add --accelerator cuda or --accelerator mps".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

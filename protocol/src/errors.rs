@@ -16,6 +16,8 @@ pub enum ErrorCode {
     /// The worker was declared lost; it must register again.
     WorkerLost,
     PayloadTooLarge,
+    /// No online worker could ever run the job; `placement` says why, per worker.
+    Unplaceable,
     Internal,
     Unavailable,
 }
@@ -24,4 +26,7 @@ pub enum ErrorCode {
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,
+    /// With `unplaceable`: every worker's verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::PlacementReport>,
 }

@@ -45,6 +45,10 @@ pub struct JobView {
     pub submitted_by: Option<String>,
     /// Size of the packed outputs once uploaded.
     pub outputs_bytes: Option<i64>,
+    /// Device indices (of its accelerator kind) the job holds on its worker.
+    pub devices: Vec<u32>,
+    /// For a pending job: why each worker does not run it yet.
+    pub waiting: Option<PlacementReport>,
     pub created_at: DateTime<Utc>,
     pub assigned_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
@@ -64,4 +68,25 @@ pub struct CancelResponse {
     /// The state the job was in when the cancel arrived.
     #[schema(value_type = String)]
     pub previous_state: JobState,
+}
+
+/// One worker's verdict on one job.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WorkerVerdict {
+    pub worker: String,
+    pub eligible: bool,
+    /// Why not, as the CLI prints it (`needs 2 usable cuda device(s), worker has 1`).
+    pub reason: Option<String>,
+    /// True when the reason may pass (busy, offline) rather than never.
+    pub temporary: bool,
+}
+
+/// Where a job could go: `POST /v1/placement` (a dry run), a pending job's `waiting`, and
+/// the body of an `unplaceable` submit.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct PlacementReport {
+    pub eligible_workers: usize,
+    pub verdicts: Vec<WorkerVerdict>,
+    /// The same as text, one aligned line per worker.
+    pub table: String,
 }

@@ -15,7 +15,9 @@ pub mod logs;
 pub mod workers;
 
 pub use errors::{ErrorBody, ErrorCode};
-pub use jobs::{CancelResponse, JobList, JobView, SubmitRequest, WorkerRef};
+pub use jobs::{
+    CancelResponse, JobList, JobView, PlacementReport, SubmitRequest, WorkerRef, WorkerVerdict,
+};
 pub use logs::{LogLine, LogPage, LogStreamMessage, Stream};
 pub use workers::{
     Assignment, CompleteRequest, HeartbeatRequest, LogAppend, LogBatch, PollRequest, PollResponse,

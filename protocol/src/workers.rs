@@ -63,6 +63,8 @@ pub struct Assignment {
     pub attempt: Attempt,
     #[schema(value_type = Object)]
     pub spec: JobSpec,
+    /// Device indices reserved for it on this worker.
+    pub devices: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -132,6 +134,8 @@ pub struct WorkerSummary {
     pub version: String,
     pub last_seen: Option<DateTime<Utc>>,
     pub registered_at: DateTime<Utc>,
+    /// Device indices its running tasks hold.
+    pub busy_devices: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

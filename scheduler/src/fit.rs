@@ -1,21 +1,65 @@
-//! Whether one worker can run one job, and if not, why.
+//! Whether one worker can run one job, and if not, why: one [`Reason`] per worker, in the
+//! words `gpulayer` prints.
 
-use domain::{Accelerator, Inventory, JobSpec};
+use domain::{Accelerator, FrameworkSpec, Inventory, JobSpec, Library, Version};
+use std::collections::BTreeMap;
 use std::fmt;
 
-/// Why a worker cannot take a job. Displayed as the line `gpulayer` prints for that worker.
+/// Why a worker cannot take a job. `Display` is the line printed for that worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reason {
-    /// The job needs devices of a kind the worker has too few of.
+    /// Too few devices of the kind at all.
     NeedsDevices {
         kind: Accelerator,
-        needed: usize,
-        has: usize,
+        needed: u32,
+        has: u32,
+    },
+    /// Enough devices, but too few with the memory asked for.
+    NeedsDeviceMemory {
+        kind: Accelerator,
+        needed: u32,
+        bytes: u64,
+        has: u32,
+        largest: Option<u64>,
+    },
+    FrameworkMissing {
+        library: Library,
+    },
+    FrameworkVersion {
+        library: Library,
+        version: String,
+        wanted: String,
+    },
+    /// Installed, but its check on this device kind failed (or it never runs there).
+    FrameworkUnusable {
+        library: Library,
+        kind: Accelerator,
+    },
+    LabelMismatch {
+        key: String,
+        wanted: String,
+        has: Option<String>,
     },
     /// The worker is not connected (its lease ran out).
     Offline,
-    /// The worker could run it, but every slot is busy right now.
-    Busy { slots: u32 },
+    /// It could run it, but every slot is busy right now.
+    Busy {
+        slots: u32,
+    },
+    /// It could run it, but not enough of its devices are free right now.
+    DevicesBusy {
+        kind: Accelerator,
+        needed: u32,
+        free: u32,
+    },
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+fn kind_upper(kind: Accelerator) -> String {
+    kind.as_str().to_ascii_uppercase()
 }
 
 impl fmt::Display for Reason {
@@ -27,8 +71,62 @@ impl fmt::Display for Reason {
                     "needs {needed} usable {kind} device(s), worker has {has}"
                 )
             }
+            Reason::NeedsDeviceMemory {
+                kind,
+                needed,
+                bytes,
+                has,
+                largest,
+            } => {
+                write!(
+                    f,
+                    "needs {needed} {kind} device(s) with {} each, worker has {has}",
+                    gib(*bytes)
+                )?;
+                if let Some(l) = largest {
+                    write!(f, " (largest {})", gib(*l))?;
+                }
+                Ok(())
+            }
+            Reason::FrameworkMissing { library } => {
+                write!(f, "framework '{library}' not installed")
+            }
+            Reason::FrameworkVersion {
+                library,
+                version,
+                wanted,
+            } => {
+                write!(
+                    f,
+                    "framework '{library}' {version} does not satisfy {wanted}"
+                )
+            }
+            Reason::FrameworkUnusable { library, kind } => {
+                write!(
+                    f,
+                    "{library} on this worker cannot use {}",
+                    kind_upper(*kind)
+                )
+            }
+            Reason::LabelMismatch {
+                key,
+                wanted,
+                has: Some(has),
+            } => {
+                write!(f, "label {key}={wanted} wanted, worker has {key}={has}")
+            }
+            Reason::LabelMismatch {
+                key,
+                wanted,
+                has: None,
+            } => {
+                write!(f, "label {key}={wanted} wanted, worker has no label {key}")
+            }
             Reason::Offline => f.write_str("worker is offline"),
             Reason::Busy { slots } => write!(f, "all {slots} slot(s) busy"),
+            Reason::DevicesBusy { kind, needed, free } => {
+                write!(f, "needs {needed} free {kind} device(s), {free} free now")
+            }
         }
     }
 }
@@ -36,20 +134,103 @@ impl fmt::Display for Reason {
 impl Reason {
     /// Whether the worker could take the job once it frees up (as opposed to never).
     pub fn is_temporary(&self) -> bool {
-        matches!(self, Reason::Busy { .. } | Reason::Offline)
+        matches!(
+            self,
+            Reason::Busy { .. } | Reason::Offline | Reason::DevicesBusy { .. }
+        )
     }
 }
 
-/// Checks the job's hardware needs against the worker's inventory, ignoring current load.
-pub fn check(worker: &Inventory, spec: &JobSpec) -> Result<(), Reason> {
-    let kind = spec.accelerator;
-    if !kind.needs_device() {
-        return Ok(());
+/// The devices of the job's kind with enough memory, by index.
+pub(crate) fn suitable_devices(inventory: &Inventory, spec: &JobSpec) -> Vec<u32> {
+    let min = spec.requirements.min_device_memory_bytes.unwrap_or(0);
+    inventory
+        .devices
+        .iter()
+        .filter(|d| d.kind == spec.accelerator)
+        .filter(|d| min == 0 || d.memory_bytes.is_some_and(|m| m >= min))
+        .map(|d| d.index)
+        .collect()
+}
+
+fn check_framework(
+    inventory: &Inventory,
+    accelerator: Accelerator,
+    want: &FrameworkSpec,
+) -> Result<(), Reason> {
+    let library = want.library;
+    let Some(version) = inventory.framework_version(library) else {
+        return Err(Reason::FrameworkMissing { library });
+    };
+    if !want.versions.is_any() {
+        let ok = Version::parse(version).is_ok_and(|v| want.versions.matches(&v));
+        if !ok {
+            return Err(Reason::FrameworkVersion {
+                library,
+                version: version.to_string(),
+                wanted: want.versions.to_string(),
+            });
+        }
     }
-    let has = worker.count(kind);
-    let needed = 1;
-    if has < needed {
-        return Err(Reason::NeedsDevices { kind, needed, has });
+    if accelerator.needs_device() {
+        let usable = inventory
+            .framework(library, accelerator)
+            .is_some_and(|c| c.usable);
+        if !usable {
+            return Err(Reason::FrameworkUnusable {
+                library,
+                kind: accelerator,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the job's needs against what the worker has, ignoring what is busy right now.
+/// Hardware first (the most telling reason), then frameworks, then labels.
+pub fn check(
+    inventory: &Inventory,
+    labels: &BTreeMap<String, String>,
+    spec: &JobSpec,
+) -> Result<(), Reason> {
+    let kind = spec.accelerator;
+    let needed = spec.requirements.device_count(kind);
+    if needed > 0 {
+        let has = inventory.count(kind) as u32;
+        if has < needed {
+            return Err(Reason::NeedsDevices { kind, needed, has });
+        }
+        if let Some(bytes) = spec.requirements.min_device_memory_bytes {
+            let big_enough = suitable_devices(inventory, spec).len() as u32;
+            if big_enough < needed {
+                let largest = inventory
+                    .devices
+                    .iter()
+                    .filter(|d| d.kind == kind)
+                    .filter_map(|d| d.memory_bytes)
+                    .max();
+                return Err(Reason::NeedsDeviceMemory {
+                    kind,
+                    needed,
+                    bytes,
+                    has: big_enough,
+                    largest,
+                });
+            }
+        }
+    }
+    for want in &spec.requirements.frameworks {
+        check_framework(inventory, kind, want)?;
+    }
+    for selector in &spec.requirements.labels {
+        let has = labels.get(&selector.key);
+        if has != Some(&selector.value) {
+            return Err(Reason::LabelMismatch {
+                key: selector.key.clone(),
+                wanted: selector.value.clone(),
+                has: has.cloned(),
+            });
+        }
     }
     Ok(())
 }
@@ -57,35 +238,228 @@ pub fn check(worker: &Inventory, spec: &JobSpec) -> Result<(), Reason> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use domain::fixtures::{inventory, job};
+    use domain::fixtures::{cuda_inventory, inventory, job};
+    use domain::{FrameworkCheck, LabelSelector, Requirements};
+
+    fn with(accelerator: Accelerator, requirements: Requirements) -> JobSpec {
+        JobSpec {
+            requirements,
+            ..job(accelerator)
+        }
+    }
+
+    fn frameworks(inv: &mut Inventory, checks: &[(Library, Accelerator, Option<&str>, bool)]) {
+        inv.frameworks = checks
+            .iter()
+            .map(|(library, device, version, usable)| FrameworkCheck {
+                library: *library,
+                device: *device,
+                version: version.map(str::to_string),
+                usable: *usable,
+                reason: (!usable).then(|| "no".to_string()),
+            })
+            .collect();
+    }
 
     #[test]
-    fn accelerator_needs_are_checked_against_devices() {
+    fn every_reason_reads_as_the_cli_prints_it() {
         use Accelerator::*;
-        let cases: &[(&[Accelerator], Accelerator, Result<(), &str>)] = &[
-            (&[], Cpu, Ok(())),
-            (&[], Any, Ok(())),
-            (&[Cuda], Any, Ok(())),
-            (&[Cuda], Cuda, Ok(())),
+        let mut box1 = cuda_inventory("gpu-box-1", 1);
+        frameworks(
+            &mut box1,
+            &[
+                (Library::Torch, Cuda, Some("2.5.1+cu124"), true),
+                (Library::Jax, Cuda, Some("0.3.1"), true),
+            ],
+        );
+        let mut laptop = inventory("laptop", &[]);
+        frameworks(
+            &mut laptop,
+            &[(Library::Torch, Cuda, Some("2.5.1+cpu"), false)],
+        );
+        let mut mac = inventory("mac-studio", &[Mps]);
+        frameworks(
+            &mut mac,
+            &[
+                (Library::Mlx, Mps, Some("0.21.0"), true),
+                (Library::Torch, Mps, Some("2.5.1"), true),
+            ],
+        );
+        let labels: BTreeMap<String, String> =
+            [("zone".to_string(), "us-east1-b".to_string())].into();
+        let none = BTreeMap::new();
+        let fw = |s: &str| FrameworkSpec::parse(s).unwrap();
+
+        type Case<'a> = (
+            &'a Inventory,
+            &'a BTreeMap<String, String>,
+            JobSpec,
+            Result<(), &'a str>,
+        );
+        let cases: Vec<Case> = vec![
             (
-                &[],
-                Cuda,
+                &box1,
+                &none,
+                with(
+                    Cuda,
+                    Requirements {
+                        devices: Some(2),
+                        ..Default::default()
+                    },
+                ),
+                Err("needs 2 usable cuda device(s), worker has 1"),
+            ),
+            (&box1, &none, with(Cuda, Requirements::default()), Ok(())),
+            (
+                &mac,
+                &none,
+                with(Cuda, Requirements::default()),
                 Err("needs 1 usable cuda device(s), worker has 0"),
             ),
             (
-                &[Cuda, Cuda],
-                Mps,
-                Err("needs 1 usable mps device(s), worker has 0"),
+                &mac,
+                &none,
+                with(
+                    Mps,
+                    Requirements {
+                        frameworks: vec![fw("jax")],
+                        ..Default::default()
+                    },
+                ),
+                Err("framework 'jax' not installed"),
             ),
-            (&[Mps], Mps, Ok(())),
+            (
+                &mac,
+                &none,
+                with(
+                    Mps,
+                    Requirements {
+                        frameworks: vec![fw("mlx>=0.10")],
+                        ..Default::default()
+                    },
+                ),
+                Ok(()),
+            ),
+            (
+                &mac,
+                &none,
+                with(
+                    Mps,
+                    Requirements {
+                        frameworks: vec![fw("mlx>=1.0")],
+                        ..Default::default()
+                    },
+                ),
+                Err("framework 'mlx' 0.21.0 does not satisfy >=1.0"),
+            ),
+            (
+                &laptop,
+                &none,
+                with(
+                    Cpu,
+                    Requirements {
+                        frameworks: vec![fw("torch>=2")],
+                        ..Default::default()
+                    },
+                ),
+                Ok(()),
+            ),
+            (
+                &box1,
+                &none,
+                with(
+                    Cuda,
+                    Requirements {
+                        frameworks: vec![fw("jax>=0.4")],
+                        ..Default::default()
+                    },
+                ),
+                Err("framework 'jax' 0.3.1 does not satisfy >=0.4"),
+            ),
+            (
+                &box1,
+                &none,
+                with(
+                    Cuda,
+                    Requirements {
+                        frameworks: vec![fw("cupy")],
+                        ..Default::default()
+                    },
+                ),
+                Err("framework 'cupy' not installed"),
+            ),
+            (
+                &box1,
+                &none,
+                with(
+                    Cuda,
+                    Requirements {
+                        min_device_memory_bytes: Some(40 << 30),
+                        ..Default::default()
+                    },
+                ),
+                Err("needs 1 cuda device(s) with 40.0 GiB each, worker has 0 (largest 16.0 GiB)"),
+            ),
+            (
+                &box1,
+                &labels,
+                with(
+                    Any,
+                    Requirements {
+                        labels: vec![LabelSelector::parse("zone=europe-west1-b").unwrap()],
+                        ..Default::default()
+                    },
+                ),
+                Err("label zone=europe-west1-b wanted, worker has zone=us-east1-b"),
+            ),
+            (
+                &box1,
+                &none,
+                with(
+                    Any,
+                    Requirements {
+                        labels: vec![LabelSelector::parse("zone=a").unwrap()],
+                        ..Default::default()
+                    },
+                ),
+                Err("label zone=a wanted, worker has no label zone"),
+            ),
+            (
+                &box1,
+                &labels,
+                with(
+                    Any,
+                    Requirements {
+                        labels: vec![LabelSelector::parse("zone=us-east1-b").unwrap()],
+                        ..Default::default()
+                    },
+                ),
+                Ok(()),
+            ),
         ];
-        for (devices, wants, expect) in cases {
-            let got = check(&inventory("w", devices), &job(*wants)).map_err(|r| r.to_string());
+        for (inv, labels, spec, expect) in cases {
+            let got = check(inv, labels, &spec).map_err(|r| r.to_string());
             assert_eq!(
                 got,
                 expect.map_err(str::to_string),
-                "{devices:?} running {wants}"
+                "{} running {:?}",
+                inv.hostname,
+                spec.requirements
             );
         }
+        // The laptop's torch cannot use CUDA: the worker checked and it failed.
+        let mut with_gpu = laptop.clone();
+        with_gpu.devices = cuda_inventory("x", 1).devices;
+        let spec = with(
+            Cuda,
+            Requirements {
+                frameworks: vec![fw("torch")],
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            check(&with_gpu, &none, &spec).unwrap_err().to_string(),
+            "torch on this worker cannot use CUDA"
+        );
     }
 }

@@ -1,7 +1,9 @@
-//! Placing one job on a snapshot of the cluster.
+//! Placing one job on a snapshot of the cluster, and explaining the outcome per worker.
 
-use crate::fit::{Reason, check};
+use crate::devices;
+use crate::fit::{Reason, check, suitable_devices};
 use domain::{Inventory, JobSpec, WorkerId};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// One worker as the scheduler sees it at one instant.
@@ -10,83 +12,144 @@ pub struct WorkerView {
     pub id: WorkerId,
     pub name: String,
     pub inventory: Inventory,
+    pub labels: BTreeMap<String, String>,
     pub online: bool,
     pub slots: u32,
     pub busy_slots: u32,
+    /// Indices of this worker's devices that running tasks hold.
+    pub busy_devices: Vec<u32>,
 }
 
-/// The outcome of placing a job: a worker, or every worker's reason. Not an error: "nothing
-/// fits" is an ordinary answer that callers print.
+/// One worker's verdict on one job: `None` means eligible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub worker: String,
+    pub reason: Option<Reason>,
+}
+
+/// Where a job goes, or why nowhere. "Nothing fits" is an ordinary answer, not an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Place(WorkerId),
-    /// No worker can take it now; each entry is (worker name, why not).
-    Unplaceable(Vec<(String, Reason)>),
+    /// This worker, with these device indices (empty for jobs that need none).
+    Place { worker: WorkerId, devices: Vec<u32> },
+    /// No worker can take it now; every worker's reason.
+    Unplaceable(Vec<Verdict>),
 }
 
 impl Decision {
-    /// True when every reason is temporary (busy or offline), so waiting may help.
+    /// True when some reason is temporary (busy or offline), so waiting may help.
     pub fn could_run_later(&self) -> bool {
         match self {
-            Decision::Place(_) => true,
-            Decision::Unplaceable(reasons) => {
-                !reasons.is_empty() && reasons.iter().any(|(_, r)| r.is_temporary())
-            }
+            Decision::Place { .. } => true,
+            Decision::Unplaceable(v) => v
+                .iter()
+                .any(|v| v.reason.as_ref().is_none_or(Reason::is_temporary)),
         }
     }
 }
 
-impl fmt::Display for Decision {
-    /// The block `gpulayer` prints, one line per worker, names aligned.
+/// The verdict of every online worker on `spec`, ignoring what is busy now: what submit
+/// checks before it stores a job.
+pub fn eligibility(workers: &[WorkerView], spec: &JobSpec) -> Vec<Verdict> {
+    workers
+        .iter()
+        .filter(|w| w.online)
+        .map(|w| Verdict {
+            worker: w.name.clone(),
+            reason: check(&w.inventory, &w.labels, spec).err(),
+        })
+        .collect()
+}
+
+/// True when at least one verdict is eligible.
+pub fn any_eligible(verdicts: &[Verdict]) -> bool {
+    verdicts.iter().any(|v| v.reason.is_none())
+}
+
+/// The block `gpulayer` prints: a header, then one aligned line per worker.
+#[derive(Debug)]
+pub struct VerdictTable<'a>(pub &'a [Verdict]);
+
+impl fmt::Display for VerdictTable<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Decision::Place(id) => write!(f, "scheduling: placed on worker {id}"),
-            Decision::Unplaceable(reasons) if reasons.is_empty() => {
-                write!(
-                    f,
-                    "scheduling: no eligible worker\n  (no workers have joined)"
-                )
-            }
-            Decision::Unplaceable(reasons) => {
-                let width = reasons.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-                f.write_str("scheduling: no eligible worker")?;
-                for (name, reason) in reasons {
-                    write!(f, "\n  {name:<width$}  {reason}")?;
-                }
-                Ok(())
-            }
+        let eligible = self.0.iter().filter(|v| v.reason.is_none()).count();
+        match eligible {
+            0 => f.write_str("scheduling: no eligible worker")?,
+            n => write!(f, "scheduling: {n} eligible worker(s)")?,
         }
+        if self.0.is_empty() {
+            return f.write_str("\n  (no workers online)");
+        }
+        let width = self.0.iter().map(|v| v.worker.len()).max().unwrap_or(0);
+        for v in self.0 {
+            let why = v
+                .reason
+                .as_ref()
+                .map(Reason::to_string)
+                .unwrap_or_else(|| "eligible".into());
+            write!(f, "\n  {:<width$}  {why}", v.worker)?;
+        }
+        Ok(())
     }
 }
 
-/// Places `spec` on the first worker that fits and has a free slot, preferring the least
-/// loaded; returns every worker's reason otherwise.
+/// Decides for one worker, counting what is busy: the devices it would give, or why not.
+pub fn fit_now(w: &WorkerView, spec: &JobSpec) -> Result<Vec<u32>, Reason> {
+    if !w.online {
+        return Err(Reason::Offline);
+    }
+    check(&w.inventory, &w.labels, spec)?;
+    if w.busy_slots >= w.slots {
+        return Err(Reason::Busy { slots: w.slots });
+    }
+    let needed = spec.requirements.device_count(spec.accelerator);
+    if needed == 0 {
+        return Ok(vec![]);
+    }
+    let free: Vec<u32> = suitable_devices(&w.inventory, spec)
+        .into_iter()
+        .filter(|d| !w.busy_devices.contains(d))
+        .collect();
+    let topology = w
+        .inventory
+        .topology
+        .as_ref()
+        .filter(|_| spec.accelerator == domain::Accelerator::Cuda);
+    devices::choose(&free, needed as usize, topology).ok_or(Reason::DevicesBusy {
+        kind: spec.accelerator,
+        needed,
+        free: free.len() as u32,
+    })
+}
+
+/// Places `spec` on the least loaded worker that can take it now.
 pub fn place(workers: &[WorkerView], spec: &JobSpec) -> Decision {
-    let mut reasons = Vec::new();
-    let mut best: Option<&WorkerView> = None;
+    let mut verdicts = Vec::new();
+    let mut best: Option<(&WorkerView, Vec<u32>)> = None;
+    let load = |v: &WorkerView| f64::from(v.busy_slots) / f64::from(v.slots.max(1));
     for w in workers {
-        let verdict = if !w.online {
-            Err(Reason::Offline)
-        } else {
-            check(&w.inventory, spec).and(if w.busy_slots >= w.slots {
-                Err(Reason::Busy { slots: w.slots })
-            } else {
-                Ok(())
-            })
-        };
-        match verdict {
-            Ok(()) => {
-                let load = |v: &WorkerView| f64::from(v.busy_slots) / f64::from(v.slots.max(1));
-                if best.is_none_or(|b| load(w) < load(b)) {
-                    best = Some(w);
+        match fit_now(w, spec) {
+            Ok(devices) => {
+                if best.as_ref().is_none_or(|(b, _)| load(w) < load(b)) {
+                    best = Some((w, devices));
                 }
+                verdicts.push(Verdict {
+                    worker: w.name.clone(),
+                    reason: None,
+                });
             }
-            Err(reason) => reasons.push((w.name.clone(), reason)),
+            Err(reason) => verdicts.push(Verdict {
+                worker: w.name.clone(),
+                reason: Some(reason),
+            }),
         }
     }
     match best {
-        Some(w) => Decision::Place(w.id),
-        None => Decision::Unplaceable(reasons),
+        Some((w, devices)) => Decision::Place {
+            worker: w.id,
+            devices,
+        },
+        None => Decision::Unplaceable(verdicts),
     }
 }
 
@@ -101,9 +164,11 @@ mod tests {
             id: WorkerId(id),
             name: name.into(),
             inventory: cuda_inventory(name, cuda),
+            labels: BTreeMap::new(),
             online,
             slots,
             busy_slots: busy,
+            busy_devices: vec![],
         }
     }
 
@@ -116,37 +181,60 @@ mod tests {
         ];
         assert_eq!(
             place(&workers, &job(Accelerator::Cpu)),
-            Decision::Place(WorkerId(2))
+            Decision::Place {
+                worker: WorkerId(2),
+                devices: vec![]
+            }
         );
         assert_eq!(
             place(&workers, &job(Accelerator::Cuda)),
-            Decision::Place(WorkerId(2))
+            Decision::Place {
+                worker: WorkerId(2),
+                devices: vec![0]
+            }
         );
     }
 
     #[test]
     fn unplaceable_jobs_explain_every_worker() {
+        let mut busy_gpus = view(4, "gpu-box-3", 2, true, 4, 1);
+        busy_gpus.busy_devices = vec![0, 1];
         let workers = [
             view(1, "laptop", 0, true, 1, 0),
             view(2, "gpu-box-1", 1, false, 1, 0),
             view(3, "gpu-box-2", 1, true, 1, 1),
+            busy_gpus,
         ];
-        let decision = place(&workers, &job(Accelerator::Cuda));
+        let Decision::Unplaceable(verdicts) = place(&workers, &job(Accelerator::Cuda)) else {
+            panic!("nothing is free");
+        };
         assert_eq!(
-            decision.to_string(),
+            VerdictTable(&verdicts).to_string(),
             "scheduling: no eligible worker\n  \
              laptop     needs 1 usable cuda device(s), worker has 0\n  \
              gpu-box-1  worker is offline\n  \
-             gpu-box-2  all 1 slot(s) busy"
+             gpu-box-2  all 1 slot(s) busy\n  \
+             gpu-box-3  needs 1 free cuda device(s), 0 free now"
         );
-        assert!(decision.could_run_later());
+        assert!(Decision::Unplaceable(verdicts).could_run_later());
     }
 
     #[test]
-    fn a_job_no_worker_can_ever_run_is_not_worth_waiting_for() {
-        let workers = [view(1, "laptop", 0, true, 1, 0)];
-        let decision = place(&workers, &job(Accelerator::Cuda));
-        assert!(!decision.could_run_later());
-        assert!(!place(&[], &job(Accelerator::Cpu)).could_run_later());
+    fn eligibility_ignores_load_and_offline_workers() {
+        let workers = [
+            view(1, "laptop", 0, true, 1, 0),
+            view(2, "gpu-box", 1, true, 1, 1),
+            view(3, "gone", 4, false, 1, 0),
+        ];
+        let verdicts = eligibility(&workers, &job(Accelerator::Cuda));
+        assert_eq!(
+            VerdictTable(&verdicts).to_string(),
+            "scheduling: 1 eligible worker(s)\n  laptop   needs 1 usable cuda device(s), worker has 0\n  gpu-box  eligible"
+        );
+        assert!(any_eligible(&verdicts));
+        assert!(!any_eligible(&eligibility(
+            &workers[..1],
+            &job(Accelerator::Cuda)
+        )));
     }
 }

@@ -26,6 +26,7 @@ pub struct JobRow {
     pub started_at: Option<DateTime<Utc>>,
     pub outputs_key: Option<String>,
     pub outputs_bytes: Option<i64>,
+    pub devices: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -37,7 +38,7 @@ pub struct JobFilter {
 const JOB_COLUMNS: &str =
     "j.id, j.spec, j.state, j.exit_code, j.reason, j.created_at, j.finished_at,
      k.name AS submitted_by, t.id AS task_id, t.attempt, t.worker_id, w.name AS worker_name,
-     t.assigned_at, t.started_at, t.outputs_key, t.outputs_bytes
+     t.assigned_at, t.started_at, t.outputs_key, t.outputs_bytes, t.devices
      FROM jobs j
      JOIN tasks t ON t.job_id = j.id AND t.task_index = 0
      LEFT JOIN workers w ON w.id = t.worker_id
@@ -63,6 +64,11 @@ fn job_row(r: PgRow) -> Result<JobRow> {
         started_at: r.get("started_at"),
         outputs_key: r.get("outputs_key"),
         outputs_bytes: r.get("outputs_bytes"),
+        devices: r
+            .get::<Vec<i32>, _>("devices")
+            .into_iter()
+            .map(|d| d as u32)
+            .collect(),
     })
 }
 

@@ -21,6 +21,8 @@ pub struct Claimed {
     pub task_id: i64,
     pub attempt: i32,
     pub spec: JobSpec,
+    /// Device indices the task holds on the worker.
+    pub devices: Vec<u32>,
 }
 
 /// How a task ended, as its worker reports it.
@@ -38,29 +40,40 @@ pub enum StopReason {
 }
 
 impl Store {
-    /// Claims up to `free_slots` pending tasks whose accelerator this worker offers and that
-    /// `fits` accepts, assigning them to `worker_id` in the same transaction.
+    /// Claims up to `free_slots` pending tasks whose accelerator this worker offers, asking
+    /// `place(spec, busy_devices)` for each candidate which devices it would get (None: not
+    /// this one), and assigns them to `worker_id` in the same transaction.
     pub async fn claim_batch(
         &self,
         worker_id: i64,
         accelerators: &[Accelerator],
         free_slots: u32,
-        mut fits: impl FnMut(&JobSpec) -> bool,
+        mut place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
     ) -> Result<Vec<Claimed>> {
         if free_slots == 0 {
             return Ok(vec![]);
         }
         let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
         let mut tx = self.begin().await?;
-        // A worker declared lost must not take new work: its lease is gone.
+        // The worker row's lock serialises claims for one worker (a retried poll racing the
+        // original), so two claims never hand out the same device. A lost worker's lease is
+        // gone: it takes nothing.
         let online: Option<String> =
-            sqlx::query_scalar("SELECT state FROM workers WHERE id = $1 FOR SHARE")
+            sqlx::query_scalar("SELECT state FROM workers WHERE id = $1 FOR UPDATE")
                 .bind(worker_id)
                 .fetch_optional(&mut *tx)
                 .await?;
         if online.as_deref() != Some("online") {
             return Err(StoreError::WorkerLost(worker_id));
         }
+        let busy: Vec<i32> = sqlx::query_scalar(
+            "SELECT d FROM tasks t, unnest(t.devices) AS d
+             WHERE t.worker_id = $1 AND t.state IN ('assigned', 'running')",
+        )
+        .bind(worker_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut busy: Vec<u32> = busy.into_iter().map(|d| d as u32).collect();
         // The CTE fences the LIMIT: without it the planner may evaluate the locking subquery
         // more than once and lock more rows than asked for.
         let rows = sqlx::query(
@@ -85,12 +98,14 @@ impl Store {
                 break;
             }
             let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
-            if fits(&spec.0) {
+            if let Some(devices) = place(&spec.0, &busy) {
+                busy.extend(&devices);
                 chosen.push(Claimed {
                     job_id: r.get("job_id"),
                     task_id: r.get("id"),
                     attempt: r.get::<i32, _>("attempt") + 1,
                     spec: spec.0,
+                    devices,
                 });
             }
         }
@@ -98,26 +113,32 @@ impl Store {
             tx.rollback().await?;
             return Ok(chosen);
         }
-        let task_ids: Vec<i64> = chosen.iter().map(|c| c.task_id).collect();
+        for c in &chosen {
+            let devices: Vec<i32> = c.devices.iter().map(|&d| d as i32).collect();
+            sqlx::query(
+                "UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = $3, assigned_at = now(),
+                                  started_at = NULL, exit_code = NULL, reason = NULL, devices = $4
+                 WHERE id = $2",
+            )
+            .bind(worker_id)
+            .bind(c.task_id)
+            .bind(c.attempt)
+            .bind(&devices)
+            .execute(&mut *tx)
+            .await?;
+        }
         let job_ids: Vec<i64> = chosen.iter().map(|c| c.job_id).collect();
-        sqlx::query(
-            "UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = attempt + 1, assigned_at = now(),
-                              started_at = NULL, exit_code = NULL, reason = NULL
-             WHERE id = ANY($2)",
-        )
-        .bind(worker_id)
-        .bind(&task_ids)
-        .execute(&mut *tx)
-        .await?;
         sqlx::query("UPDATE jobs SET state = 'assigned' WHERE id = ANY($1) AND state = 'pending'")
             .bind(&job_ids)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("INSERT INTO events (job_id, worker_id, kind) SELECT unnest($1::bigint[]), $2, 'assigned'")
-            .bind(&job_ids)
-            .bind(worker_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO events (job_id, worker_id, kind) SELECT unnest($1::bigint[]), $2, 'assigned'",
+        )
+        .bind(&job_ids)
+        .bind(worker_id)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(chosen)
     }

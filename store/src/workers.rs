@@ -28,6 +28,8 @@ pub struct WorkerRow {
     pub version: String,
     pub last_seen: Option<DateTime<Utc>>,
     pub registered_at: DateTime<Utc>,
+    /// Device indices held by its assigned and running tasks.
+    pub busy_devices: Vec<u32>,
 }
 
 /// A worker the rescue sweep declared lost, and the tasks it took down with it.
@@ -151,16 +153,32 @@ impl Store {
             .collect())
     }
 
-    /// Every worker, online first, with how many tasks each runs now.
+    /// One worker (its labels and inventory as registered).
+    pub async fn worker(&self, id: i64) -> Result<WorkerRow> {
+        self.read_workers(Some(id))
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::NotFound(format!("worker {id}")))
+    }
+
+    /// Every worker, online first, with how many tasks and which devices each runs now.
     pub async fn list_workers(&self) -> Result<Vec<WorkerRow>> {
+        self.read_workers(None).await
+    }
+
+    async fn read_workers(&self, only: Option<i64>) -> Result<Vec<WorkerRow>> {
         let rows = sqlx::query(
             "SELECT w.id, w.name, w.state, w.labels, w.slots, w.inventory, w.version,
                     w.registered_at, h.last_seen,
-                    (SELECT count(*) FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy
+                    (SELECT count(*) FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy,
+                    (SELECT coalesce(array_agg(d), '{}') FROM tasks t, unnest(t.devices) AS d
+                     WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy_devices
              FROM workers w LEFT JOIN worker_heartbeats h ON h.worker_id = w.id
+             WHERE $1::bigint IS NULL OR w.id = $1
              ORDER BY (w.state = 'online') DESC, w.id DESC
              LIMIT 1000",
         )
+        .bind(only)
         .fetch_all(self.pool())
         .await?;
         rows.into_iter()
@@ -178,6 +196,11 @@ impl Store {
                     version: r.get("version"),
                     last_seen: r.get("last_seen"),
                     registered_at: r.get("registered_at"),
+                    busy_devices: r
+                        .get::<Vec<i32>, _>("busy_devices")
+                        .into_iter()
+                        .map(|d| d as u32)
+                        .collect(),
                 })
             })
             .collect()

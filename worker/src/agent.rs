@@ -27,8 +27,19 @@ pub struct WorkerConfig {
     pub slots: u32,
     pub work_root: PathBuf,
     pub keep_work_dirs: bool,
+    /// Probe this machine, or advertise a recorded inventory (tests, load tests).
+    pub inventory: InventorySource,
     /// Told the worker id after each (re-)registration.
     pub registered: Option<tokio::sync::mpsc::UnboundedSender<i64>>,
+}
+
+/// Where the worker's inventory comes from.
+#[derive(Debug, Clone)]
+pub enum InventorySource {
+    /// Probe the hardware and run the framework checks with this interpreter.
+    Probe { python: String, refresh: bool },
+    /// Advertise this inventory as is (marked simulated).
+    Recorded(Box<domain::Inventory>),
 }
 
 /// A running task's stop switch.
@@ -96,7 +107,22 @@ pub async fn run(
 ) -> Result<(), ClientError> {
     let client = Client::new(&config.url, Some(&config.token))?;
     let tasks = Arc::new(Tasks::default());
-    let inventory = crate::probe::inventory();
+    let inventory = match &config.inventory {
+        InventorySource::Recorded(inv) => {
+            let mut inv = (**inv).clone();
+            inv.simulated = true;
+            inv
+        }
+        InventorySource::Probe { python, refresh } => {
+            crate::detect(
+                python,
+                *refresh,
+                Some(config.work_root.join("framework-checks.json")),
+            )
+            .await
+        }
+    };
+    let shared_inventory = Arc::new(inventory.clone());
     tokio::pin!(shutdown);
     let mut backoff = FIRST_BACKOFF;
 
@@ -162,7 +188,14 @@ pub async fn run(
                         tasks.stop(order.lease, order.why);
                     }
                     for assignment in resp.assignments {
-                        start_task(&client, worker, &config, &tasks, assignment);
+                        start_task(
+                            &shared_inventory,
+                            &client,
+                            worker,
+                            &config,
+                            &tasks,
+                            assignment,
+                        );
                     }
                 }
                 Err(e) if is_worker_lost(&e) => {
@@ -186,6 +219,7 @@ pub async fn run(
 }
 
 fn start_task(
+    inventory: &Arc<domain::Inventory>,
     client: &Client,
     worker: i64,
     config: &WorkerConfig,
@@ -215,6 +249,7 @@ fn start_task(
         assignment,
         work_root: config.work_root.clone(),
         keep_work_dirs: config.keep_work_dirs,
+        inventory: inventory.clone(),
         stop: stop_rx,
     };
     let tasks = tasks.clone();

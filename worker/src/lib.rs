@@ -7,15 +7,38 @@
 //! - [`runner`] — one task from staging to completion.
 //! - [`shipper`] — batches a task's output lines to the server, in order, without loss.
 //! - [`process`] — process groups: spawn, signal, exit codes.
+//! - [`frameworks`] — whether torch, jax, cupy and mlx really compute on the devices.
 //! - [`probe`] — what this machine has.
 
 pub mod agent;
+pub mod frameworks;
 pub mod probe;
 pub mod process;
 pub mod runner;
 pub mod shipper;
 
-pub use agent::{WorkerConfig, run};
+pub use agent::{InventorySource, WorkerConfig, run};
+
+/// Everything this machine has: host facts, devices, and framework checks run with `python`
+/// (cached in `cache_file` per interpreter and package versions unless `refresh`).
+pub async fn detect(
+    python: &str,
+    refresh: bool,
+    cache_file: Option<std::path::PathBuf>,
+) -> domain::Inventory {
+    let mut inventory = tokio::task::spawn_blocking(probe::host_inventory)
+        .await
+        .expect("the probe does not panic");
+    let options = frameworks::CheckOptions {
+        python: python.to_string(),
+        timeout: frameworks::DEFAULT_CHECK_TIMEOUT,
+        cache_file,
+        refresh,
+        driver_version: inventory.driver_version.clone(),
+    };
+    inventory.frameworks = frameworks::check_frameworks(&options).await;
+    inventory
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {

@@ -28,6 +28,8 @@ pub struct TaskContext {
     pub assignment: Assignment,
     pub work_root: PathBuf,
     pub keep_work_dirs: bool,
+    /// What this worker advertised (device UUIDs for `CUDA_VISIBLE_DEVICES`).
+    pub inventory: std::sync::Arc<domain::Inventory>,
     /// Set by the agent when the server orders this task stopped.
     pub stop: watch::Receiver<Option<StopWhy>>,
 }
@@ -160,6 +162,7 @@ async fn execute(
         .env("GPULAYER_TASK_ID", a.task.to_string())
         .env("GPULAYER_ATTEMPT", a.attempt.to_string())
         .env("GPULAYER_OUTPUT_DIR", output_dir)
+        .envs(device_env(&a, &ctx.inventory))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -223,6 +226,43 @@ async fn execute(
         system(format!("stopped: the job was {what} (exit code {code})")).await;
     }
     Ok(code)
+}
+
+/// The variables that confine a job to its reserved devices. A cuda job sees only its GPUs
+/// (by UUID when known, which does not depend on enumeration order); a cpu job sees none; a
+/// job that asked for `any` is left as it is.
+fn device_env(a: &Assignment, inventory: &domain::Inventory) -> Vec<(&'static str, String)> {
+    use domain::Accelerator;
+    match a.spec.accelerator {
+        Accelerator::Cuda => {
+            let ids: Vec<String> = a
+                .devices
+                .iter()
+                .map(|&i| {
+                    inventory
+                        .devices
+                        .iter()
+                        .find(|d| d.kind == Accelerator::Cuda && d.index == i)
+                        .and_then(|d| d.uuid.clone())
+                        .unwrap_or_else(|| i.to_string())
+                })
+                .collect();
+            vec![
+                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
+                ("CUDA_VISIBLE_DEVICES", ids.join(",")),
+                (
+                    "GPULAYER_DEVICES",
+                    a.devices
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+            ]
+        }
+        Accelerator::Cpu => vec![("CUDA_VISIBLE_DEVICES", String::new())],
+        Accelerator::Mps | Accelerator::Any => vec![],
+    }
 }
 
 /// Resolves once a stop order arrives (never, if the agent is gone without ordering one).

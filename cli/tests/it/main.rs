@@ -4,6 +4,7 @@
 mod bad_input;
 mod embedded;
 mod jobs;
+mod placement;
 mod provisioners_local;
 
 use std::path::PathBuf;

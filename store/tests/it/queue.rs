@@ -37,7 +37,7 @@ async fn running_job(store: &Store, name: &str) -> (i64, i64, store::Claimed) {
         .unwrap();
     let w = worker(store, name, 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, |_| true)
+        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -59,9 +59,9 @@ async fn racing_workers_never_claim_the_same_task() {
     let mut claimed = Vec::new();
     loop {
         let (a, b, c) = tokio::join!(
-            store.claim_batch(workers[0], CPU, 3, |_| true),
-            store.claim_batch(workers[1], CPU, 3, |_| true),
-            store.claim_batch(workers[2], CPU, 3, |_| true),
+            store.claim_batch(workers[0], CPU, 3, |_, _| Some(vec![])),
+            store.claim_batch(workers[1], CPU, 3, |_, _| Some(vec![])),
+            store.claim_batch(workers[2], CPU, 3, |_, _| Some(vec![])),
         );
         let batch: Vec<_> = [a.unwrap(), b.unwrap(), c.unwrap()]
             .into_iter()
@@ -100,7 +100,7 @@ async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit()
     }
     let cpu_worker = worker(&store, "cpu-only", 0).await;
     let got = store
-        .claim_batch(cpu_worker, CPU, 2, |_| true)
+        .claim_batch(cpu_worker, CPU, 2, |_, _| Some(vec![]))
         .await
         .unwrap();
     assert_eq!(got.len(), 2);
@@ -114,12 +114,12 @@ async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit()
     let gpu_worker = worker(&store, "gpu", 1).await;
     let kinds = [Accelerator::Cpu, Accelerator::Cuda, Accelerator::Any];
     let refused = store
-        .claim_batch(gpu_worker, &kinds, 4, |_| false)
+        .claim_batch(gpu_worker, &kinds, 4, |_, _| None)
         .await
         .unwrap();
     assert!(refused.is_empty());
     let got = store
-        .claim_batch(gpu_worker, &kinds, 4, |_| true)
+        .claim_batch(gpu_worker, &kinds, 4, |_, _| Some(vec![]))
         .await
         .unwrap();
     let jobs: HashSet<i64> = got.iter().map(|c| c.job_id).collect();
@@ -230,7 +230,7 @@ async fn silent_workers_are_declared_lost_and_their_jobs_fail_with_the_reason() 
         Err(store::StoreError::WorkerLost(_))
     ));
     assert!(matches!(
-        store.claim_batch(w, CPU, 1, |_| true).await,
+        store.claim_batch(w, CPU, 1, |_, _| Some(vec![])).await,
         Err(store::StoreError::WorkerLost(_))
     ));
 }
@@ -244,7 +244,7 @@ async fn log_cursors_skip_nothing_and_repeat_nothing() {
         .unwrap();
     let w = worker(&store, "w", 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, |_| true)
+        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -397,7 +397,10 @@ async fn an_assignment_that_never_reached_its_worker_goes_back_to_the_queue() {
         .await
         .unwrap();
     let w = worker(&store, "w", 0).await;
-    let claimed = store.claim_batch(w, CPU, 3, |_| true).await.unwrap();
+    let claimed = store
+        .claim_batch(w, CPU, 3, |_, _| Some(vec![]))
+        .await
+        .unwrap();
     let task_of = |job: i64| claimed.iter().find(|c| c.job_id == job).unwrap().clone();
     for job in [forgotten, kept] {
         let c = task_of(job);
@@ -426,7 +429,10 @@ async fn an_assignment_that_never_reached_its_worker_goes_back_to_the_queue() {
         domain::JobState::Running
     );
 
-    let again = store.claim_batch(w, CPU, 1, |_| true).await.unwrap();
+    let again = store
+        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .await
+        .unwrap();
     assert_eq!(again[0].job_id, lost_answer);
     assert_eq!(
         again[0].attempt, 2,
@@ -450,7 +456,12 @@ async fn cancels_racing_claims_neither_deadlock_nor_run_a_cancelled_job() {
     let claims = async {
         let mut claimed = Vec::new();
         for _ in 0..20 {
-            claimed.extend(store.claim_batch(w, CPU, 2, |_| true).await.expect("claim"));
+            claimed.extend(
+                store
+                    .claim_batch(w, CPU, 2, |_, _| Some(vec![]))
+                    .await
+                    .expect("claim"),
+            );
         }
         claimed
     };
@@ -474,4 +485,62 @@ async fn cancels_racing_claims_neither_deadlock_nor_run_a_cancelled_job() {
             domain::JobState::Cancelled
         );
     }
+}
+
+#[tokio::test]
+async fn a_claim_sees_the_devices_running_tasks_hold_and_records_its_own() {
+    let store = store().await;
+    for _ in 0..3 {
+        store
+            .insert_job(&spec(Accelerator::Cuda), None, None)
+            .await
+            .unwrap();
+    }
+    let w = worker(&store, "two-gpus", 2).await;
+    let kinds = [Accelerator::Cpu, Accelerator::Cuda, Accelerator::Any];
+    // Lowest free of devices 0 and 1, as the scheduler would without a topology.
+    let lowest_free =
+        |_: &domain::JobSpec, busy: &[u32]| (0..2).find(|d| !busy.contains(d)).map(|d| vec![d]);
+    let first = store.claim_batch(w, &kinds, 3, lowest_free).await.unwrap();
+    assert_eq!(
+        first.iter().map(|c| c.devices.clone()).collect::<Vec<_>>(),
+        vec![vec![0], vec![1]]
+    );
+    assert!(
+        store
+            .claim_batch(w, &kinds, 1, lowest_free)
+            .await
+            .unwrap()
+            .is_empty(),
+        "both devices are held"
+    );
+    assert_eq!(store.list_workers().await.unwrap()[0].busy_devices.len(), 2);
+
+    let done = &first[1];
+    store
+        .mark_running(w, done.task_id, done.attempt)
+        .await
+        .unwrap();
+    store
+        .complete_task(
+            w,
+            done.task_id,
+            done.attempt,
+            &store::Completion {
+                exit_code: Some(0),
+                error: None,
+            },
+        )
+        .await
+        .unwrap();
+    let third = store.claim_batch(w, &kinds, 1, lowest_free).await.unwrap();
+    assert_eq!(
+        third[0].devices,
+        vec![1],
+        "a finished task's device is free again"
+    );
+    assert_eq!(
+        store.get_job(third[0].job_id).await.unwrap().devices,
+        vec![1]
+    );
 }
