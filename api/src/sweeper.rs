@@ -33,7 +33,7 @@ pub async fn run(store: Store, lease: Duration) {
                 match store.rescue_lost_workers(lease).await {
                     Ok(lost) => {
                         for w in lost {
-                            tracing::warn!(worker = w.id, name = %w.name, jobs = ?w.failed_jobs, "worker lost");
+                            tracing::warn!(worker = w.id, name = %w.name, jobs = ?w.jobs, "worker lost; its jobs go back to the queue (attempts permitting)");
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "rescue sweep failed"),

@@ -44,6 +44,12 @@ pub(crate) struct SubmitArgs {
     /// A label the worker must carry, KEY=VALUE (repeatable).
     #[arg(long = "where", value_name = "KEY=VALUE")]
     labels: Vec<String>,
+    /// How many times to run the job again if its worker is lost [default: 3].
+    #[arg(long, value_name = "N")]
+    retries: Option<u32>,
+    /// Also retry when the job itself fails (non-zero exit), up to --retries times.
+    #[arg(long)]
+    retry_failed: bool,
     /// Show which workers could run the job, and why not, without submitting it.
     #[arg(long)]
     dry_run: bool,
@@ -97,6 +103,8 @@ fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
                 .map(|l| LabelSelector::parse(l))
                 .collect::<Result<_, _>>()?,
         },
+        retries: args.retries,
+        retry_failed: args.retry_failed,
     };
     spec.check()?;
     Ok(spec)

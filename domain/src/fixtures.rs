@@ -47,5 +47,7 @@ pub fn job(accelerator: Accelerator) -> JobSpec {
         outputs: vec![],
         env: vec![],
         requirements: Default::default(),
+        retries: None,
+        retry_failed: false,
     }
 }

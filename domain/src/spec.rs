@@ -315,11 +315,34 @@ pub struct JobSpec {
     pub env: Vec<EnvVar>,
     #[serde(default)]
     pub requirements: crate::Requirements,
+    /// How many times the job may be run again after its worker is lost (default 3).
+    #[serde(default)]
+    pub retries: Option<u32>,
+    /// Also retry when the job itself fails (a non-zero exit), not only when its worker is lost.
+    #[serde(default)]
+    pub retry_failed: bool,
 }
 
+/// Retries when a job does not say: a lost machine is not the job's fault, so try again, but
+/// not forever.
+pub const DEFAULT_RETRIES: u32 = 3;
+
+/// More retries than this is a loop, not resilience.
+pub const MAX_RETRIES: u32 = 100;
+
 impl JobSpec {
+    /// How many times the job may run in all.
+    pub fn max_attempts(&self) -> u32 {
+        1 + self.retries.unwrap_or(DEFAULT_RETRIES)
+    }
+
     /// Checks the parts against each other (each part was checked when it was parsed).
     pub fn check(&self) -> Result<(), SpecError> {
+        if self.retries.is_some_and(|r| r > MAX_RETRIES) {
+            return Err(SpecError::Inconsistent(format!(
+                "--retries is at most {MAX_RETRIES}"
+            )));
+        }
         let r = &self.requirements;
         if let Some(n) = r.devices {
             if n > 0 && !self.accelerator.needs_device() {

@@ -74,6 +74,9 @@ pub enum StopWhy {
     Cancelled,
     /// The task is no longer this worker's (declared lost, or finished elsewhere).
     LeaseLost,
+    /// The worker itself is shutting down; the task goes back to the queue. Never sent by
+    /// the server: the worker orders it to itself.
+    WorkerShutdown,
 }
 
 /// An order to kill a task's process group.

@@ -103,11 +103,16 @@ impl Store {
                 .await?;
             return Ok(id);
         };
-        sqlx::query("INSERT INTO tasks (job_id, state, accelerator) VALUES ($1, 'pending', $2)")
-            .bind(id)
-            .bind(spec.accelerator.as_str())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed)
+             VALUES ($1, 'pending', $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(spec.accelerator.as_str())
+        .bind(spec.max_attempts() as i32)
+        .bind(spec.retry_failed)
+        .execute(&mut *tx)
+        .await?;
         record_event(&mut tx, Some(id), None, "submitted", None).await?;
         notify(&mut tx, Channel::Work, None).await?;
         tx.commit().await?;

@@ -193,6 +193,28 @@ impl Store {
             (None, None) => Some("ended without an exit code".to_string()),
         };
         let mut tx = self.begin().await?;
+        // A failed attempt of a job that asked for retries on failure goes back to the queue.
+        let retry: Option<bool> = sqlx::query_scalar(
+            "SELECT retry_failed AND attempt < max_attempts FROM tasks
+             WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
+             FOR UPDATE",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(worker_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if retry == Some(true) && !succeeded {
+            let why = reason.clone().unwrap_or_else(|| "failed".into());
+            sqlx::query("UPDATE tasks SET exit_code = $2 WHERE id = $1")
+                .bind(task_id)
+                .bind(done.exit_code)
+                .execute(&mut *tx)
+                .await?;
+            requeue_or_fail(&mut tx, &[task_id], &[format!("attempt {attempt} {why}")]).await?;
+            tx.commit().await?;
+            return Ok(());
+        }
         let job_id: Option<i64> = sqlx::query_scalar(
             "UPDATE tasks SET state = $4, exit_code = $5, reason = $6, finished_at = now()
              WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
@@ -320,32 +342,15 @@ impl Store {
             notify(&mut tx, Channel::Work, None).await?;
         }
         let forgotten: Vec<i64> = sqlx::query_scalar(
-            "UPDATE tasks SET state = 'failed', reason = 'the worker no longer runs this task', finished_at = now()
-             WHERE worker_id = $1 AND state = 'running' AND id <> ALL($2)
-             RETURNING job_id",
+            "SELECT id FROM tasks WHERE worker_id = $1 AND state = 'running' AND id <> ALL($2)
+             ORDER BY id FOR UPDATE",
         )
         .bind(worker_id)
         .bind(running)
         .fetch_all(&mut *tx)
         .await?;
-        for job in &forgotten {
-            sqlx::query(
-                "UPDATE jobs SET state = 'failed', reason = 'the worker no longer runs this task', finished_at = now()
-                 WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
-            )
-            .bind(job)
-            .execute(&mut *tx)
-            .await?;
-            record_event(
-                &mut tx,
-                Some(*job),
-                Some(worker_id),
-                "failed",
-                Some("the worker no longer runs this task"),
-            )
-            .await?;
-            notify(&mut tx, Channel::Job, Some(*job)).await?;
-        }
+        let reasons = vec!["the worker no longer runs this task".to_string(); forgotten.len()];
+        requeue_or_fail(&mut tx, &forgotten, &reasons).await?;
         tx.commit().await?;
         Ok((requeued.len() + forgotten.len()) as u64)
     }
@@ -408,4 +413,67 @@ pub(crate) async fn leased_job<'e>(
         task: task_id,
         attempt,
     })
+}
+
+/// Puts tasks back in the queue while they have attempts left, failing them (and their jobs)
+/// otherwise; `reasons[i]` says why task `tasks[i]` stopped. Writes an event per task and
+/// wakes the workers when anything was requeued. Returns each task's job, in order.
+pub(crate) async fn requeue_or_fail(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tasks: &[i64],
+    reasons: &[String],
+) -> Result<Vec<i64>> {
+    if tasks.is_empty() {
+        return Ok(vec![]);
+    }
+    let rows = sqlx::query(
+        "WITH r AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS r(task_id, reason))
+         UPDATE tasks SET
+             state = CASE WHEN tasks.attempt < tasks.max_attempts THEN 'pending' ELSE 'failed' END,
+             reason = CASE WHEN tasks.attempt < tasks.max_attempts
+                 THEN format('%s; retrying (attempt %s of %s)', r.reason, tasks.attempt + 1, tasks.max_attempts)
+                 ELSE format('%s; no attempts left (%s of %s used)', r.reason, tasks.attempt, tasks.max_attempts) END,
+             worker_id = CASE WHEN tasks.attempt < tasks.max_attempts THEN NULL ELSE tasks.worker_id END,
+             devices = CASE WHEN tasks.attempt < tasks.max_attempts THEN '{}' ELSE tasks.devices END,
+             assigned_at = CASE WHEN tasks.attempt < tasks.max_attempts THEN NULL ELSE tasks.assigned_at END,
+             finished_at = CASE WHEN tasks.attempt < tasks.max_attempts THEN NULL ELSE now() END
+         FROM r WHERE tasks.id = r.task_id
+         RETURNING tasks.id, tasks.job_id, tasks.state, tasks.reason",
+    )
+    .bind(tasks)
+    .bind(reasons)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut by_task = std::collections::HashMap::new();
+    let mut requeued = false;
+    for r in &rows {
+        let (job, state, reason): (i64, String, String) =
+            (r.get("job_id"), r.get("state"), r.get("reason"));
+        requeued |= state == "pending";
+        sqlx::query(
+            "UPDATE jobs SET state = $2, reason = $3,
+                 finished_at = CASE WHEN $2 = 'failed' THEN now() ELSE NULL END
+             WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+        )
+        .bind(job)
+        .bind(&state)
+        .bind(&reason)
+        .execute(&mut **tx)
+        .await?;
+        let kind = if state == "pending" {
+            "retrying"
+        } else {
+            "failed"
+        };
+        record_event(tx, Some(job), None, kind, Some(&reason)).await?;
+        notify(tx, Channel::Job, Some(job)).await?;
+        by_task.insert(r.get::<i64, _>("id"), job);
+    }
+    if requeued {
+        notify(tx, Channel::Work, None).await?;
+    }
+    Ok(tasks
+        .iter()
+        .filter_map(|t| by_task.get(t).copied())
+        .collect())
 }

@@ -1,6 +1,5 @@
 //! Workers: registration, heartbeats, listing, and the rescue of workers that went silent.
 
-use crate::wakeups::{Channel, notify};
 use crate::{Result, Store, StoreError, record_event};
 use chrono::{DateTime, Utc};
 use domain::Inventory;
@@ -32,12 +31,13 @@ pub struct WorkerRow {
     pub busy_devices: Vec<u32>,
 }
 
-/// A worker the rescue sweep declared lost, and the tasks it took down with it.
+/// A worker the rescue sweep declared lost, and the jobs it was running (requeued, or
+/// failed when out of attempts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LostWorker {
     pub id: i64,
     pub name: String,
-    pub failed_jobs: Vec<i64>,
+    pub jobs: Vec<i64>,
 }
 
 impl Store {
@@ -80,7 +80,8 @@ impl Store {
         Ok(())
     }
 
-    /// A worker leaving on purpose: its unfinished tasks fail with `reason` at once.
+    /// A worker leaving on purpose: its unfinished tasks go back to the queue at once (or fail
+    /// when out of attempts).
     pub async fn deregister_worker(&self, worker_id: i64, reason: &str) -> Result<()> {
         let mut tx = self.begin().await?;
         sqlx::query("UPDATE workers SET state = 'stopped', lost_at = now(), lost_reason = $2 WHERE id = $1 AND state = 'online'")
@@ -88,7 +89,7 @@ impl Store {
             .bind(reason)
             .execute(&mut *tx)
             .await?;
-        fail_tasks_of_workers(&mut tx, &[worker_id], &[reason.to_string()]).await?;
+        release_tasks_of_workers(&mut tx, &[worker_id], &[reason.to_string()]).await?;
         record_event(
             &mut tx,
             None,
@@ -101,8 +102,9 @@ impl Store {
         Ok(())
     }
 
-    /// Declares every online worker silent for longer than `lease` lost and fails its
-    /// unfinished tasks. Run by the leader only.
+    /// Declares every online worker silent for longer than `lease` lost and takes its
+    /// unfinished tasks back (retried elsewhere while they have attempts left). Run by the
+    /// leader only.
     pub async fn rescue_lost_workers(&self, lease: Duration) -> Result<Vec<LostWorker>> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query(
@@ -131,7 +133,7 @@ impl Store {
                 )
             })
             .collect();
-        let failed = fail_tasks_of_workers(&mut tx, &ids, &reasons).await?;
+        let failed = release_tasks_of_workers(&mut tx, &ids, &reasons).await?;
         for (id, reason) in ids.iter().zip(&reasons) {
             record_event(&mut tx, None, Some(*id), "worker_lost", Some(reason)).await?;
         }
@@ -143,7 +145,7 @@ impl Store {
                 LostWorker {
                     id,
                     name: r.get("name"),
-                    failed_jobs: failed
+                    jobs: failed
                         .iter()
                         .filter(|(w, _)| *w == id)
                         .map(|(_, j)| *j)
@@ -207,45 +209,28 @@ impl Store {
     }
 }
 
-/// Fails the unfinished tasks (and their jobs) of `workers`, the i-th with `reasons[i]`.
-/// Returns (worker, job) pairs. Retrying them instead is the queue issue's to add.
-async fn fail_tasks_of_workers(
+/// Takes the unfinished tasks of `workers` away from them, the i-th worker's with
+/// `reasons[i]`: each goes back to the queue while it has attempts left, and fails otherwise.
+/// Returns (worker, job) pairs.
+async fn release_tasks_of_workers(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     workers: &[i64],
     reasons: &[String],
 ) -> Result<Vec<(i64, i64)>> {
     let rows = sqlx::query(
-        "WITH r AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS r(worker_id, reason)),
-         t AS (
-             UPDATE tasks SET state = 'failed', reason = r.reason, finished_at = now()
-             FROM r WHERE tasks.worker_id = r.worker_id AND tasks.state IN ('assigned', 'running')
-             RETURNING tasks.job_id, tasks.worker_id, r.reason
-         ),
-         j AS (
-             UPDATE jobs SET state = 'failed', reason = t.reason, finished_at = now()
-             FROM t WHERE jobs.id = t.job_id AND jobs.state NOT IN ('succeeded', 'failed', 'cancelled')
-             RETURNING jobs.id
-         )
-         SELECT t.worker_id, t.job_id, t.reason FROM t",
+        "SELECT t.id, t.worker_id, r.reason
+         FROM tasks t JOIN unnest($1::bigint[], $2::text[]) AS r(worker_id, reason) ON r.worker_id = t.worker_id
+         WHERE t.state IN ('assigned', 'running')
+         ORDER BY t.id
+         FOR UPDATE OF t",
     )
     .bind(workers)
     .bind(reasons)
     .fetch_all(&mut **tx)
     .await?;
-    let mut out = Vec::new();
-    for r in &rows {
-        let job: i64 = r.get("job_id");
-        let reason: String = r.get("reason");
-        record_event(
-            tx,
-            Some(job),
-            Some(r.get("worker_id")),
-            "failed",
-            Some(&reason),
-        )
-        .await?;
-        notify(tx, Channel::Job, Some(job)).await?;
-        out.push((r.get("worker_id"), job));
-    }
-    Ok(out)
+    let tasks: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
+    let task_reasons: Vec<String> = rows.iter().map(|r| r.get("reason")).collect();
+    let owners: Vec<i64> = rows.iter().map(|r| r.get("worker_id")).collect();
+    let jobs = crate::queue::requeue_or_fail(tx, &tasks, &task_reasons).await?;
+    Ok(owners.into_iter().zip(jobs).collect())
 }

@@ -285,10 +285,11 @@ async fn heartbeat_loop(client: Client, worker: i64, every: Duration, tasks: Arc
     }
 }
 
-/// Stops every task (they report their exit as usual), then deregisters.
+/// Stops every task, then deregisters: the server puts them back in the queue for another
+/// worker (their retries permitting).
 async fn shut_down(client: &Client, worker: i64, tasks: &Tasks) {
     tracing::info!("shutting down: stopping {} task(s)", tasks.busy());
-    tasks.stop_all(StopWhy::Cancelled);
+    tasks.stop_all(StopWhy::WorkerShutdown);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tasks.busy() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

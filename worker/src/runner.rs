@@ -63,7 +63,10 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
     let outcome = execute(&mut ctx, &dir, &src, &output_dir, lines_tx).await;
     let shipped = shipping.await.unwrap_or(ShipEnd::LeaseLost);
     let stopped = *ctx.stop.borrow();
-    let lease_lost = shipped == ShipEnd::LeaseLost || stopped == Some(StopWhy::LeaseLost);
+    // A task stopped because its lease is gone, or because this worker is leaving, is not
+    // reported: the server requeues it (or has already).
+    let lease_lost = shipped == ShipEnd::LeaseLost
+        || matches!(stopped, Some(StopWhy::LeaseLost | StopWhy::WorkerShutdown));
 
     let end = if lease_lost {
         TaskEnd::LeaseLost
@@ -220,10 +223,13 @@ async fn execute(
     let stopped = *ctx.stop.borrow();
     if let Some(why) = stopped {
         let what = match why {
-            StopWhy::Cancelled => "cancelled",
-            StopWhy::LeaseLost => "no longer this worker's",
+            StopWhy::Cancelled => "the job was cancelled",
+            StopWhy::LeaseLost => "the job is no longer this worker's",
+            StopWhy::WorkerShutdown => {
+                "the worker is shutting down; the job goes back to the queue"
+            }
         };
-        system(format!("stopped: the job was {what} (exit code {code})")).await;
+        system(format!("stopped: {what} (exit code {code})")).await;
     }
     Ok(code)
 }

@@ -178,7 +178,7 @@ async fn cancel_kills_the_whole_process_group_within_a_second() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_worker_killed_mid_job_leaves_no_job_running() {
+async fn a_job_without_retries_fails_when_its_worker_is_killed() {
     let server = server(ServerOptions {
         lease_seconds: 2,
         ..Default::default()
@@ -188,6 +188,8 @@ async fn a_worker_killed_mid_job_leaves_no_job_running() {
     let cli = server.cli();
     let pidfile = server.data_dir.path().join("pid");
     let job = cli.submit(&[
+        "--retries",
+        "0",
         "--",
         "sh",
         "-c",
@@ -205,6 +207,10 @@ async fn a_worker_killed_mid_job_leaves_no_job_running() {
     let reason = status["reason"].as_str().unwrap();
     assert!(
         reason.starts_with("worker doomed lost: no heartbeat for"),
+        "{reason}"
+    );
+    assert!(
+        reason.ends_with("no attempts left (1 of 1 used)"),
         "{reason}"
     );
     let workers = cli.run(&["workers", "--json"]).success().json();
@@ -379,4 +385,48 @@ async fn join_with_json_announces_the_registration() {
         .run(&["join", &server.url, "--token", "glj_wrong", "--name", "x"]);
     assert_ne!(bad.code, 0);
     assert!(bad.stderr.contains("rejected the token"), "{}", bad.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_on_a_killed_worker_is_retried_on_another_worker() {
+    let server = server(ServerOptions {
+        lease_seconds: 2,
+        ..Default::default()
+    })
+    .await;
+    let mut doomed = server.join("doomed", &[]);
+    let cli = server.cli();
+    let pidfile = server.data_dir.path().join("pid");
+    let script = format!(
+        "if [ \"$GPULAYER_ATTEMPT\" = 1 ]; then echo $$ > {}; exec sleep 600; fi; echo finished on attempt $GPULAYER_ATTEMPT",
+        pidfile.display()
+    );
+    let job = cli.submit(&["--", "sh", "-c", &script]);
+    wait_for("the job to run", Duration::from_secs(30), || {
+        (state_of(&cli, job) == "running").then_some(())
+    });
+    doomed.kill_hard();
+    let _healthy = server.join("healthy", &[]);
+    assert_eq!(
+        cli.run(&["wait", &job.to_string(), "--timeout", "60"]).code,
+        0
+    );
+    let status = cli.status(job);
+    assert_eq!(status["worker"]["name"], "healthy");
+    assert_eq!(status["attempt"], 2);
+    let logs = cli.run(&["logs", &job.to_string()]).success();
+    assert!(
+        logs.stdout.contains("finished on attempt 2"),
+        "{}",
+        logs.stdout
+    );
+    if let Some(pid) = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }

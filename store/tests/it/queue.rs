@@ -196,10 +196,9 @@ async fn a_stale_attempt_can_neither_log_nor_complete() {
 }
 
 #[tokio::test]
-async fn silent_workers_are_declared_lost_and_their_jobs_fail_with_the_reason() {
+async fn a_lost_workers_job_is_retried_elsewhere_and_the_old_attempt_is_fenced_off() {
     let store = store().await;
-    let (job, w, _) = running_job(&store, "flaky").await;
-
+    let (job, w, first) = running_job(&store, "flaky").await;
     assert!(
         store
             .rescue_lost_workers(Duration::from_secs(60))
@@ -213,18 +212,17 @@ async fn silent_workers_are_declared_lost_and_their_jobs_fail_with_the_reason() 
         .await
         .unwrap();
     assert_eq!(lost.len(), 1);
-    assert_eq!(lost[0].failed_jobs, vec![job]);
+    assert_eq!(lost[0].jobs, vec![job]);
     let row = store.get_job(job).await.unwrap();
-    assert_eq!(row.state, domain::JobState::Failed);
+    assert_eq!(row.state, domain::JobState::Pending);
+    let reason = row.reason.unwrap();
     assert!(
-        row.reason
-            .as_deref()
-            .unwrap()
-            .starts_with("worker flaky lost: no heartbeat for"),
-        "{:?}",
-        row.reason
+        reason.starts_with("worker flaky lost: no heartbeat for"),
+        "{reason}"
     );
+    assert!(reason.ends_with("; retrying (attempt 2 of 4)"), "{reason}");
 
+    // The lost worker may not come back for it: no heartbeat, no claim, no completion.
     assert!(matches!(
         store.heartbeat(w).await,
         Err(store::StoreError::WorkerLost(_))
@@ -233,6 +231,123 @@ async fn silent_workers_are_declared_lost_and_their_jobs_fail_with_the_reason() 
         store.claim_batch(w, CPU, 1, |_, _| Some(vec![])).await,
         Err(store::StoreError::WorkerLost(_))
     ));
+    let healthy = worker(&store, "healthy", 0).await;
+    let second = store
+        .claim_batch(healthy, CPU, 1, |_, _| Some(vec![]))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((second.task_id, second.attempt), (first.task_id, 2));
+    let ok = Completion {
+        exit_code: Some(0),
+        error: None,
+    };
+    let stale = store
+        .complete_task(w, first.task_id, first.attempt, &ok)
+        .await;
+    assert!(
+        matches!(stale, Err(store::StoreError::LeaseLost { .. })),
+        "{stale:?}"
+    );
+    store
+        .mark_running(healthy, second.task_id, second.attempt)
+        .await
+        .unwrap();
+    store
+        .complete_task(healthy, second.task_id, second.attempt, &ok)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_job(job).await.unwrap().state,
+        domain::JobState::Succeeded
+    );
+}
+
+#[tokio::test]
+async fn a_job_out_of_attempts_fails_with_the_reason() {
+    let store = store().await;
+    let no_retries = domain::JobSpec {
+        retries: Some(0),
+        ..spec(Accelerator::Cpu)
+    };
+    let job = store.insert_job(&no_retries, None, None).await.unwrap();
+    let w = worker(&store, "flaky", 0).await;
+    let c = store
+        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .await
+        .unwrap()
+        .remove(0);
+    store.mark_running(w, c.task_id, c.attempt).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store
+        .rescue_lost_workers(Duration::from_millis(200))
+        .await
+        .unwrap();
+    let row = store.get_job(job).await.unwrap();
+    assert_eq!(row.state, domain::JobState::Failed);
+    assert!(
+        row.reason
+            .as_deref()
+            .unwrap()
+            .ends_with("; no attempts left (1 of 1 used)"),
+        "{:?}",
+        row.reason
+    );
+}
+
+#[tokio::test]
+async fn a_failing_job_is_retried_only_when_it_asked() {
+    let store = store().await;
+    let retried = domain::JobSpec {
+        retries: Some(1),
+        retry_failed: true,
+        ..spec(Accelerator::Cpu)
+    };
+    let job = store.insert_job(&retried, None, None).await.unwrap();
+    let w = worker(&store, "w", 0).await;
+    let exit_1 = Completion {
+        exit_code: Some(1),
+        error: None,
+    };
+    for attempt in 1..=2 {
+        let c = store
+            .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+            .await
+            .unwrap()
+            .remove(0);
+        assert_eq!(c.attempt, attempt);
+        store.mark_running(w, c.task_id, c.attempt).await.unwrap();
+        store
+            .complete_task(w, c.task_id, c.attempt, &exit_1)
+            .await
+            .unwrap();
+    }
+    let row = store.get_job(job).await.unwrap();
+    assert_eq!(
+        row.state,
+        domain::JobState::Failed,
+        "two attempts, both failed"
+    );
+    assert_eq!(row.exit_code, Some(1));
+    // Without --retry-failed a failure is final at once.
+    let once = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+    let c = store
+        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .await
+        .unwrap()
+        .remove(0);
+    store.mark_running(w, c.task_id, c.attempt).await.unwrap();
+    store
+        .complete_task(w, c.task_id, c.attempt, &exit_1)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_job(once).await.unwrap().state,
+        domain::JobState::Failed
+    );
 }
 
 #[tokio::test]
@@ -382,7 +497,7 @@ async fn only_one_replica_leads_at_a_time_and_leadership_passes_on() {
 }
 
 #[tokio::test]
-async fn an_assignment_that_never_reached_its_worker_goes_back_to_the_queue() {
+async fn tasks_a_worker_does_not_list_go_back_to_the_queue() {
     let store = store().await;
     let lost_answer = store
         .insert_job(&spec(Accelerator::Cpu), None, None)
@@ -418,11 +533,11 @@ async fn an_assignment_that_never_reached_its_worker_goes_back_to_the_queue() {
         store.get_job(lost_answer).await.unwrap().state,
         domain::JobState::Pending
     );
-    let failed = store.get_job(forgotten).await.unwrap();
-    assert_eq!(failed.state, domain::JobState::Failed);
+    let retried = store.get_job(forgotten).await.unwrap();
+    assert_eq!(retried.state, domain::JobState::Pending);
     assert_eq!(
-        failed.reason.as_deref(),
-        Some("the worker no longer runs this task")
+        retried.reason.as_deref(),
+        Some("the worker no longer runs this task; retrying (attempt 2 of 4)")
     );
     assert_eq!(
         store.get_job(kept).await.unwrap().state,
