@@ -24,6 +24,8 @@ pub enum ApiError {
     WorkerLost(String),
     #[error("{0}")]
     Unavailable(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
     #[error("internal error: {0}")]
     Internal(String),
     /// No online worker could ever run the job.
@@ -42,6 +44,9 @@ impl ApiError {
             ApiError::LeaseLost(_) => (StatusCode::CONFLICT, ErrorCode::LeaseLost),
             ApiError::WorkerLost(_) => (StatusCode::GONE, ErrorCode::WorkerLost),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable),
+            ApiError::PayloadTooLarge(_) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge)
+            }
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
             ApiError::Unplaceable(_) => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::Unplaceable),
         }
@@ -79,6 +84,7 @@ impl From<store::StoreError> for ApiError {
         use store::StoreError as S;
         match e {
             S::NotFound(what) => ApiError::NotFound(format!("{what} does not exist")),
+            S::Conflict(what) => ApiError::Conflict(what),
             e @ S::LeaseLost { .. } => ApiError::LeaseLost(e.to_string()),
             e @ S::WorkerLost(_) => ApiError::WorkerLost(e.to_string()),
             S::Database(sqlx::Error::PoolTimedOut) => ApiError::Unavailable(

@@ -114,6 +114,69 @@ pub async fn submit(
     Ok(Json(job_view(app.store.get_job(id).await?)))
 }
 
+/// Most jobs one batch may hold; larger sets are split by the client.
+pub const MAX_BATCH_JOBS: usize = 10_000;
+
+/// Submit many jobs at once (one transaction; all or none). An `Idempotency-Key` header makes
+/// a retried batch return the same jobs.
+#[utoipa::path(post, path = "/v1/jobs/batch", request_body = protocol::BatchSubmitRequest,
+    responses((status = 200, body = protocol::BatchSubmitResponse), (status = 400, body = protocol::ErrorBody),
+              (status = 409, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody),
+              (status = 422, body = protocol::ErrorBody)))]
+pub async fn submit_batch(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Json<protocol::BatchSubmitRequest>, JsonRejection>,
+) -> ApiResult<Json<protocol::BatchSubmitResponse>> {
+    caller.require(Permission::SubmitJobs)?;
+    let req = json_body(body)?;
+    if req.jobs.len() > MAX_BATCH_JOBS {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "a batch of {} jobs exceeds the limit of {MAX_BATCH_JOBS} per request: split it",
+            req.jobs.len()
+        )));
+    }
+    if req.jobs.is_empty() {
+        return Err(ApiError::BadRequest("the batch holds no jobs".into()));
+    }
+    let specs: Vec<domain::JobSpec> = req
+        .jobs
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::from_value(v)
+                .map_err(|e| ApiError::BadRequest(format!("job {}: {e}", i + 1)))
+        })
+        .collect::<ApiResult<_>>()?;
+    crate::placement::admit_batch(&app, &specs).await?;
+    for (i, spec) in specs.iter().enumerate() {
+        if let Some(source) = &spec.source {
+            if app.store.blob_size(source.digest.as_str()).await?.is_none() {
+                return Err(ApiError::BadRequest(format!(
+                    "job {}: source {} has not been uploaded",
+                    i + 1,
+                    source.digest.short()
+                )));
+            }
+        }
+    }
+    let key = headers
+        .get(protocol::IDEMPOTENCY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|k| format!("{}:{k}", caller.token_id));
+    let keys: Vec<Option<String>> = (0..specs.len())
+        .map(|i| key.as_ref().map(|k| format!("{k}:{i}")))
+        .collect();
+    let ids = app
+        .store
+        .insert_jobs(&specs, Some(caller.token_id), &keys)
+        .await?;
+    Ok(Json(protocol::BatchSubmitResponse {
+        ids: ids.into_iter().map(JobId).collect(),
+    }))
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct ListQuery {
     /// Only jobs in this state.

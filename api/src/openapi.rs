@@ -12,6 +12,7 @@ use utoipa::OpenApi;
     ),
     paths(
         crate::jobs::submit,
+        crate::jobs::submit_batch,
         crate::jobs::list,
         crate::jobs::status,
         crate::jobs::cancel,

@@ -66,6 +66,31 @@ pub(crate) async fn admit(app: &AppState, spec: &JobSpec) -> ApiResult<()> {
     Ok(())
 }
 
+/// Admits many specs at once: each checked on its own (errors name the job's position), and
+/// each distinct set of needs checked against the workers once.
+pub(crate) async fn admit_batch(app: &AppState, specs: &[JobSpec]) -> ApiResult<()> {
+    for (i, spec) in specs.iter().enumerate() {
+        spec.check()
+            .map_err(|e| ApiError::BadRequest(format!("job {}: {e}", i + 1)))?;
+    }
+    let workers = worker_views(app).await?;
+    let mut seen = std::collections::HashSet::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let needs =
+            serde_json::to_string(&(&spec.accelerator, &spec.requirements)).unwrap_or_default();
+        if !seen.insert(needs) {
+            continue;
+        }
+        let verdicts = scheduler::eligibility(&workers, spec);
+        if !verdicts.is_empty() && !scheduler::any_eligible(&verdicts) {
+            let mut report = report(&verdicts);
+            report.table = format!("job {}: {}", i + 1, report.table);
+            return Err(ApiError::Unplaceable(report));
+        }
+    }
+    Ok(())
+}
+
 /// Why a pending job is not running yet, worker by worker, counting what is busy.
 pub(crate) async fn waiting(app: &AppState, spec: &JobSpec) -> ApiResult<PlacementReport> {
     let workers = worker_views(app).await?;

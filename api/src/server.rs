@@ -55,6 +55,11 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/openapi.json", get(openapi::document))
         .route("/jobs", post(jobs::submit).get(jobs::list))
+        .route(
+            "/jobs/batch",
+            // A batch of 10,000 specs with commands and environments fits well within this.
+            post(jobs::submit_batch).layer(DefaultBodyLimit::max(64 * 1024 * 1024)),
+        )
         .route("/jobs/{id}", get(jobs::status))
         .route("/placement", post(crate::placement::dry_run))
         .route("/jobs/{id}/cancel", post(jobs::cancel))

@@ -56,6 +56,10 @@ pub(crate) struct SubmitArgs {
     /// Stream the job's logs and exit with its exit code.
     #[arg(long)]
     follow: bool,
+    /// Submit every job in this file instead: one JSON job spec per line (as the REST API
+    /// takes them; `accelerator` defaults to "any"). All or none.
+    #[arg(long, value_name = "FILE.jsonl", conflicts_with_all = ["command", "source", "follow", "dry_run"])]
+    batch: Option<PathBuf>,
     /// Print the job as JSON.
     #[arg(long)]
     json: bool,
@@ -126,7 +130,65 @@ pub(crate) fn print_placement(report: &protocol::PlacementReport, json: bool) ->
     Ok(if none { EXIT_UNPLACEABLE } else { 0 })
 }
 
+/// Reads a JSONL batch, checking every line before anything is sent.
+fn read_batch(path: &Path) -> Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read --batch {}", path.display()))?;
+    let mut jobs = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{} line {}", path.display(), n + 1);
+        let mut value: serde_json::Value = serde_json::from_str(line).with_context(at)?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.entry("accelerator").or_insert_with(|| "any".into());
+        }
+        let spec: JobSpec = serde_json::from_value(value.clone()).with_context(at)?;
+        spec.check().with_context(at)?;
+        jobs.push(value);
+    }
+    if jobs.is_empty() {
+        bail!("--batch {} holds no jobs", path.display());
+    }
+    Ok(jobs)
+}
+
+async fn run_batch(path: &Path, json: bool) -> Result<()> {
+    let jobs = read_batch(path)?;
+    let client = crate::settings::client()?;
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut ids = Vec::with_capacity(jobs.len());
+    // Larger files go in several requests, each retried safely under its own key.
+    for (n, chunk) in jobs.chunks(api::jobs::MAX_BATCH_JOBS).enumerate() {
+        let req = protocol::BatchSubmitRequest {
+            jobs: chunk.to_vec(),
+        };
+        match client.submit_batch(&req, &format!("{key}:{n}")).await {
+            Ok(resp) => ids.extend(resp.ids.into_iter().map(|id| id.0)),
+            Err(client::ClientError::Unplaceable(report)) => {
+                print_placement(&report, json)?;
+                return Err(crate::Exit(EXIT_UNPLACEABLE).into());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if json {
+        println!("{}", serde_json::json!({ "ids": ids }));
+    } else {
+        let (first, last) = (
+            ids.first().copied().unwrap_or(0),
+            ids.last().copied().unwrap_or(0),
+        );
+        println!("submitted {} job(s): ids {first} to {last}", ids.len());
+    }
+    Ok(())
+}
+
 pub(crate) async fn run(args: SubmitArgs) -> Result<()> {
+    if let Some(path) = &args.batch {
+        return run_batch(path, args.json).await;
+    }
     let mut spec = spec_from(&args)?;
     if let Some(dir) = &args.source {
         check_source_dir(dir)?;

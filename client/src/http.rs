@@ -202,6 +202,22 @@ impl Client {
         self.json(resp).await
     }
 
+    /// Submits many jobs in one request (all or none); `idempotency_key` makes retries safe.
+    pub async fn submit_batch(
+        &self,
+        req: &protocol::BatchSubmitRequest,
+        idempotency_key: &str,
+    ) -> Result<protocol::BatchSubmitResponse, ClientError> {
+        let resp = self
+            .send(true, || {
+                self.request(Method::POST, "/v1/jobs/batch")
+                    .header(protocol::IDEMPOTENCY_HEADER, idempotency_key)
+                    .json(req)
+            })
+            .await?;
+        self.json(resp).await
+    }
+
     pub async fn list_jobs(&self, state: Option<&str>, limit: u32) -> Result<JobList, ClientError> {
         let mut path = format!("/v1/jobs?limit={limit}");
         if let Some(s) = state {

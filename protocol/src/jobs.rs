@@ -14,6 +14,21 @@ pub struct SubmitRequest {
     pub spec: JobSpec,
 }
 
+/// `POST /v1/jobs/batch` body: many jobs in one request (at most 10,000). Each element is a
+/// job spec as in `SubmitRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchSubmitRequest {
+    #[schema(value_type = Vec<Object>)]
+    pub jobs: Vec<serde_json::Value>,
+}
+
+/// The ids of a batch's jobs, in the order they were given.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchSubmitResponse {
+    #[schema(value_type = Vec<i64>)]
+    pub ids: Vec<JobId>,
+}
+
 /// A worker as a job refers to it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 pub struct WorkerRef {

@@ -16,7 +16,8 @@ pub mod workers;
 
 pub use errors::{ErrorBody, ErrorCode};
 pub use jobs::{
-    CancelResponse, JobList, JobView, PlacementReport, SubmitRequest, WorkerRef, WorkerVerdict,
+    BatchSubmitRequest, BatchSubmitResponse, CancelResponse, JobList, JobView, PlacementReport,
+    SubmitRequest, WorkerRef, WorkerVerdict,
 };
 pub use logs::{LogLine, LogPage, LogStreamMessage, Stream};
 pub use workers::{

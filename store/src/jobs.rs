@@ -81,42 +81,108 @@ impl Store {
         submitted_by: Option<i64>,
         idempotency_key: Option<&str>,
     ) -> Result<i64> {
+        let keys = [idempotency_key.map(str::to_string)];
+        let ids = self
+            .insert_jobs(std::slice::from_ref(spec), submitted_by, &keys)
+            .await?;
+        Ok(ids[0])
+    }
+
+    /// Inserts many pending jobs in one transaction and a handful of statements (one array per
+    /// column), and wakes the workers once. `keys[i]` is job i's idempotency key, if any: a
+    /// repeat with the same key and the same spec returns the first job; the same key with a
+    /// different spec is `Conflict`. Returns the ids in input order.
+    pub async fn insert_jobs(
+        &self,
+        specs: &[JobSpec],
+        submitted_by: Option<i64>,
+        keys: &[Option<String>],
+    ) -> Result<Vec<i64>> {
+        assert_eq!(specs.len(), keys.len(), "one key slot per spec");
         let mut tx = self.begin().await?;
-        let inserted: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO jobs (name, spec, accelerator, state, submitted_by, idempotency_key)
-             VALUES ($1, $2, $3, 'pending', $4, $5)
+        // Ids are drawn first so that every later statement knows job i's id.
+        let mut ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, $1)",
+        )
+        .bind(specs.len() as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        let names: Vec<Option<&str>> = specs
+            .iter()
+            .map(|s| s.name.as_ref().map(|n| n.as_str()))
+            .collect();
+        let json: Vec<sqlx::types::Json<&JobSpec>> = specs.iter().map(sqlx::types::Json).collect();
+        let accelerators: Vec<&str> = specs.iter().map(|s| s.accelerator.as_str()).collect();
+        let inserted: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key)
+             SELECT i.id, i.name, i.spec, i.accelerator, 'pending', $5, i.key
+             FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::text[], $6::text[])
+                  AS i(id, name, spec, accelerator, key)
              ON CONFLICT (idempotency_key) DO NOTHING
              RETURNING id",
         )
-        .bind(spec.name.as_ref().map(|n| n.as_str()))
-        .bind(sqlx::types::Json(spec))
-        .bind(spec.accelerator.as_str())
+        .bind(&ids)
+        .bind(&names)
+        .bind(&json)
+        .bind(&accelerators)
         .bind(submitted_by)
-        .bind(idempotency_key)
-        .fetch_optional(&mut *tx)
+        .bind(keys)
+        .fetch_all(&mut *tx)
         .await?;
-        let Some(id) = inserted else {
-            tx.rollback().await?;
-            let id = sqlx::query_scalar("SELECT id FROM jobs WHERE idempotency_key = $1")
-                .bind(idempotency_key)
-                .fetch_one(self.pool())
-                .await?;
-            return Ok(id);
-        };
-        sqlx::query(
-            "INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed)
-             VALUES ($1, 'pending', $2, $3, $4)",
-        )
-        .bind(id)
-        .bind(spec.accelerator.as_str())
-        .bind(spec.max_attempts() as i32)
-        .bind(spec.retry_failed)
-        .execute(&mut *tx)
-        .await?;
-        record_event(&mut tx, Some(id), None, "submitted", None).await?;
-        notify(&mut tx, Channel::Work, None).await?;
+        let inserted: std::collections::HashSet<i64> = inserted.into_iter().collect();
+        // A job whose key was used before: the earlier job stands, if it is the same job.
+        for (i, id) in ids.iter_mut().enumerate() {
+            if inserted.contains(id) {
+                continue;
+            }
+            let key = keys[i].as_deref().unwrap_or_default();
+            let (existing, same): (i64, bool) =
+                sqlx::query_as("SELECT id, spec = $2 FROM jobs WHERE idempotency_key = $1")
+                    .bind(key)
+                    .bind(sqlx::types::Json(&specs[i]))
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if !same {
+                return Err(StoreError::Conflict(format!(
+                    "idempotency key '{}' was used for job {existing} with a different spec",
+                    key.split_once(':').map(|(_, k)| k).unwrap_or(key)
+                )));
+            }
+            *id = existing;
+        }
+        let new: Vec<usize> = (0..specs.len())
+            .filter(|i| inserted.contains(&ids[*i]))
+            .collect();
+        if !new.is_empty() {
+            let new_ids: Vec<i64> = new.iter().map(|&i| ids[i]).collect();
+            let new_accels: Vec<&str> = new.iter().map(|&i| accelerators[i]).collect();
+            let attempts: Vec<i32> = new
+                .iter()
+                .map(|&i| specs[i].max_attempts() as i32)
+                .collect();
+            let retry: Vec<bool> = new.iter().map(|&i| specs[i].retry_failed).collect();
+            sqlx::query(
+                "INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed)
+                 SELECT job_id, 'pending', accelerator, max_attempts, retry_failed
+                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bool[])
+                      AS t(job_id, accelerator, max_attempts, retry_failed)",
+            )
+            .bind(&new_ids)
+            .bind(&new_accels)
+            .bind(&attempts)
+            .bind(&retry)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO events (job_id, kind) SELECT unnest($1::bigint[]), 'submitted'",
+            )
+            .bind(&new_ids)
+            .execute(&mut *tx)
+            .await?;
+            notify(&mut tx, Channel::Work, None).await?;
+        }
         tx.commit().await?;
-        Ok(id)
+        Ok(ids)
     }
 
     pub async fn get_job(&self, id: i64) -> Result<JobRow> {

@@ -53,6 +53,9 @@ pub enum StoreError {
     LeaseLost { task: i64, attempt: i32 },
     #[error("{0} not found")]
     NotFound(String),
+    /// The request contradicts what is stored (an idempotency key reused for another job).
+    #[error("{0}")]
+    Conflict(String),
     /// The worker was declared lost; it must register again.
     #[error("worker {0} was declared lost; register again")]
     WorkerLost(i64),

@@ -2,6 +2,7 @@
 //! fresh database per test), real `sh` and `python3` jobs.
 
 mod bad_input;
+mod batch;
 mod embedded;
 mod jobs;
 mod placement;

@@ -659,3 +659,49 @@ async fn a_claim_sees_the_devices_running_tasks_hold_and_records_its_own() {
         vec![1]
     );
 }
+
+#[tokio::test]
+async fn a_batch_inserts_every_job_once_and_a_retried_batch_inserts_nothing() {
+    let store = store().await;
+    let n = 5000;
+    let specs: Vec<domain::JobSpec> = (0..n)
+        .map(|i| domain::JobSpec {
+            name: Some(domain::JobName::parse(&format!("shard-{i}")).unwrap()),
+            ..spec(Accelerator::Cpu)
+        })
+        .collect();
+    let keys: Vec<Option<String>> = (0..n).map(|i| Some(format!("batch-1:{i}"))).collect();
+    let ids = store.insert_jobs(&specs, None, &keys).await.unwrap();
+    assert_eq!(ids.len(), n);
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids follow the input order"
+    );
+    let again = store.insert_jobs(&specs, None, &keys).await.unwrap();
+    assert_eq!(again, ids, "a retried batch returns the same jobs");
+    let (jobs, tasks): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM tasks WHERE state = 'pending')",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!((jobs, tasks), (n as i64, n as i64));
+    let row = store.get_job(ids[4321]).await.unwrap();
+    assert_eq!(row.spec.name.unwrap().as_str(), "shard-4321");
+}
+
+#[tokio::test]
+async fn a_reused_idempotency_key_with_a_different_job_is_a_conflict() {
+    let store = store().await;
+    store
+        .insert_job(&spec(Accelerator::Cpu), None, Some("k"))
+        .await
+        .unwrap();
+    let other = store
+        .insert_job(&spec(Accelerator::Any), None, Some("k"))
+        .await;
+    assert!(
+        matches!(&other, Err(store::StoreError::Conflict(m)) if m.contains("different spec")),
+        "{other:?}"
+    );
+}
