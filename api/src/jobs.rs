@@ -151,14 +151,14 @@ pub async fn submit_batch(
         .collect::<ApiResult<_>>()?;
     crate::placement::admit_batch(&app, &specs).await?;
     for (i, spec) in specs.iter().enumerate() {
-        if let Some(source) = &spec.source {
-            if app.store.blob_size(source.digest.as_str()).await?.is_none() {
-                return Err(ApiError::BadRequest(format!(
-                    "job {}: source {} has not been uploaded",
-                    i + 1,
-                    source.digest.short()
-                )));
-            }
+        if let Some(source) = &spec.source
+            && app.store.blob_size(source.digest.as_str()).await?.is_none()
+        {
+            return Err(ApiError::BadRequest(format!(
+                "job {}: source {} has not been uploaded",
+                i + 1,
+                source.digest.short()
+            )));
         }
     }
     let key = headers
