@@ -6,6 +6,10 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use rand::Rng;
 use rand::distr::Alphanumeric;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use store::Role;
 
 /// Random characters in a secret: 40 alphanumerics is about 238 bits.
@@ -19,6 +23,36 @@ pub fn mint_secret(prefix: &str) -> String {
         .map(char::from)
         .collect();
     format!("{prefix}{body}")
+}
+
+/// How long a verified token is trusted without asking the database again. Every request
+/// carries a token, and a worker sends several per job: without this cache each would cost a
+/// query. A revoked token keeps working on a replica for at most this long.
+const TOKEN_CACHE_TTL: Duration = Duration::from_secs(5);
+
+/// Tokens this replica verified recently, keyed by the secret's sha256.
+#[derive(Debug, Default)]
+pub struct TokenCache {
+    entries: Mutex<HashMap<[u8; 32], (Caller, Instant)>>,
+}
+
+impl TokenCache {
+    fn get(&self, key: &[u8; 32]) -> Option<Caller> {
+        let entries = self.entries.lock().expect("token cache lock");
+        entries
+            .get(key)
+            .filter(|(_, at)| at.elapsed() < TOKEN_CACHE_TTL)
+            .map(|(c, _)| c.clone())
+    }
+
+    fn put(&self, key: [u8; 32], caller: Caller) {
+        let mut entries = self.entries.lock().expect("token cache lock");
+        // Bounded: expired entries go whenever the map grows large.
+        if entries.len() > 10_000 {
+            entries.retain(|_, (_, at)| at.elapsed() < TOKEN_CACHE_TTL);
+        }
+        entries.insert(key, (caller, Instant::now()));
+    }
 }
 
 /// The authenticated caller of a request.
@@ -84,14 +118,20 @@ impl FromRequestParts<AppState> for Caller {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header is not `Bearer <token>`".into())
             })?;
+        let key: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        if let Some(caller) = state.tokens.get(&key) {
+            return Ok(caller);
+        }
         let token = state.store.find_token(secret).await?.ok_or_else(|| {
             ApiError::Unauthorized("the token is not known to this server (or was revoked)".into())
         })?;
-        Ok(Caller {
+        let caller = Caller {
             token_id: token.id,
             name: token.name,
             role: token.role,
-        })
+        };
+        state.tokens.put(key, caller.clone());
+        Ok(caller)
     }
 }
 

@@ -398,6 +398,17 @@ pub async fn download_outputs(
     let id = job_id(&id)?;
     let job = app.store.get_job(id).await?;
     let Some(key) = job.outputs_key else {
+        // A job that ran to its end and wrote nothing to bring back has empty outputs.
+        let ran_to_the_end = job.started_at.is_some() && job.exit_code.is_some();
+        if job.state.is_terminal() && ran_to_the_end {
+            let mut empty = Vec::new();
+            archive::pack_files(&[], &mut empty).map_err(|e| ApiError::Internal(e.to_string()))?;
+            return Ok((
+                [(header::CONTENT_TYPE, "application/gzip".to_string())],
+                empty,
+            )
+                .into_response());
+        }
         return Err(if job.state.is_terminal() {
             ApiError::NotFound(format!(
                 "job {id} has no outputs: it ended ({}) before uploading any{}",

@@ -37,6 +37,9 @@ pub struct AppState {
     pub objects: Arc<dyn ObjectStore>,
     pub hub: Hub,
     pub config: Arc<ServerConfig>,
+    pub tokens: Arc<crate::auth::TokenCache>,
+    /// Workers' registration facts, read once per replica (they never change).
+    pub worker_views: Arc<std::sync::Mutex<std::collections::HashMap<i64, scheduler::WorkerView>>>,
 }
 
 impl AppState {
@@ -47,6 +50,8 @@ impl AppState {
             store,
             objects,
             config: Arc::new(config),
+            tokens: Arc::default(),
+            worker_views: Arc::default(),
         }
     }
 }

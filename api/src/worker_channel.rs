@@ -123,8 +123,19 @@ pub async fn deregister(
 /// The scheduler's view of one worker for its own claims: slots are counted by the poll
 /// (`free_slots`) and busy devices by the claim, so both start empty here.
 async fn claiming_view(app: &AppState, worker: i64) -> ApiResult<scheduler::WorkerView> {
-    let row = app.store.worker(worker).await?;
-    Ok(scheduler::WorkerView {
+    // A worker's name, labels and inventory never change after it registers (joining again
+    // makes a new worker), so each replica reads them once.
+    if let Some(view) = app
+        .worker_views
+        .lock()
+        .expect("worker views lock")
+        .get(&worker)
+    {
+        return Ok(view.clone());
+    }
+    let store = app.store.clone();
+    let row = shielded(async move { store.worker(worker).await }).await?;
+    let view = scheduler::WorkerView {
         id: WorkerId(row.id),
         name: row.name,
         inventory: row.inventory,
@@ -133,7 +144,13 @@ async fn claiming_view(app: &AppState, worker: i64) -> ApiResult<scheduler::Work
         slots: u32::MAX,
         busy_slots: 0,
         busy_devices: vec![],
-    })
+    };
+    let mut views = app.worker_views.lock().expect("worker views lock");
+    if views.len() > 100_000 {
+        views.clear();
+    }
+    views.insert(worker, view.clone());
+    Ok(view)
 }
 
 fn stop_orders(found: Vec<(i64, i32, StopReason)>) -> Vec<StopOrder> {
@@ -163,8 +180,7 @@ pub async fn poll(
     caller.require(Permission::ActAsWorker)?;
     let req = json_body(body)?;
     let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_POLL_WAIT);
-    let mut view = claiming_view(&app, worker).await?;
-    let accelerators = view.inventory.runnable_accelerators();
+    let view = claiming_view(&app, worker).await?;
     let running: Vec<(i64, i32)> = req
         .running
         .iter()
@@ -172,20 +188,52 @@ pub async fn poll(
         .collect();
     // Subscribe before the first check so a NOTIFY between check and wait is not missed.
     let mut rx = app.hub.subscribe();
-    app.store.heartbeat(worker).await?;
-    let running_ids: Vec<i64> = running.iter().map(|r| r.0).collect();
-    app.store
-        .reconcile_worker_tasks(worker, &running_ids)
-        .await?;
+    // A worker drops a held poll when one of its tasks ends (to poll again with the freed
+    // slot). Database work is shielded from that cancellation: a query cut off half way
+    // makes sqlx throw its connection away, and connections are expensive to replace.
+    let setup = {
+        let (store, running, free, reconcile) = (
+            app.store.clone(),
+            running.clone(),
+            req.free_slots,
+            req.reconcile,
+        );
+        async move {
+            // With a free slot, the claim records the heartbeat in its own transaction.
+            if free == 0 {
+                store.heartbeat(worker).await?;
+            }
+            if reconcile {
+                let ids: Vec<i64> = running.iter().map(|r| r.0).collect();
+                store.reconcile_worker_tasks(worker, &ids).await?;
+            }
+            Ok::<(), store::StoreError>(())
+        }
+    };
+    shielded(setup).await?;
     loop {
-        let stop = stop_orders(app.store.stop_orders(worker, &running).await?);
-        let claimed = app
-            .store
-            .claim_batch(worker, &accelerators, req.free_slots, |spec, busy| {
-                view.busy_devices = busy.to_vec();
-                scheduler::fit_now(&view, spec).ok()
-            })
-            .await?;
+        let check = {
+            let (store, running, mut view, free) = (
+                app.store.clone(),
+                running.clone(),
+                view.clone(),
+                req.free_slots,
+            );
+            async move {
+                let stop = store.stop_orders(worker, &running).await?;
+                let accelerators = view.inventory.runnable_accelerators();
+                let track_devices = !view.inventory.devices.is_empty();
+                let claimed = store
+                    .claim_batch(worker, &accelerators, free, track_devices, |spec, busy| {
+                        view.busy_devices = busy.to_vec();
+                        scheduler::fit_now(&view, spec).ok()
+                    })
+                    .await?;
+                Ok::<_, store::StoreError>((stop, claimed))
+            }
+        };
+        let (stop, claimed) = shielded(check).await?;
+        let stop = stop_orders(stop);
         let assignments: Vec<Assignment> = claimed
             .into_iter()
             .map(|c| Assignment {
@@ -212,7 +260,18 @@ pub async fn poll(
             _ = crate::hub::wait_for(&mut rx, relevant) => {}
             _ = tokio::time::sleep_until(deadline.min(Instant::now() + POLL_SAFETY_RECHECK)) => {}
         }
-        app.store.heartbeat(worker).await?;
+        // No heartbeat here: every NOTIFY wakes every held poll, and the worker's own
+        // heartbeats keep its lease; a lost worker is caught by the claim.
+    }
+}
+
+/// Runs store work to completion even if the request that started it is dropped.
+async fn shielded<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, store::StoreError>> + Send + 'static,
+) -> ApiResult<T> {
+    match tokio::spawn(work).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(e) => Err(ApiError::Internal(format!("store task failed: {e}"))),
     }
 }
 

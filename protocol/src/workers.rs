@@ -50,6 +50,10 @@ pub struct PollRequest {
     pub free_slots: u32,
     pub running: Vec<TaskLease>,
     pub wait_ms: u64,
+    /// Set on the first poll after registering and after a poll that failed: an answer may
+    /// have been lost, so the server compares `running` with what it assigned.
+    #[serde(default)]
+    pub reconcile: bool,
 }
 
 /// One task handed to a worker.

@@ -238,7 +238,12 @@ impl EmbeddedPostgres {
         }
         let log = self.cluster_dir.join("server.log");
         // pg_ctl hands -o to a shell: quote the directory.
-        let options = format!("-k '{}'", self.socket_dir.display());
+        let mut options = format!("-k '{}'", self.socket_dir.display());
+        // Extra server settings for operators (`-c work_mem=64MB ...`), passed through as is.
+        if let Ok(extra) = std::env::var("GPULAYER_POSTGRES_OPTIONS") {
+            options.push(' ');
+            options.push_str(&extra);
+        }
         self.pg_ctl(&[
             "start",
             "-w",

@@ -42,12 +42,15 @@ pub enum StopReason {
 impl Store {
     /// Claims up to `free_slots` pending tasks whose accelerator this worker offers, asking
     /// `place(spec, busy_devices)` for each candidate which devices it would get (None: not
-    /// this one), and assigns them to `worker_id` in the same transaction.
+    /// this one), and assigns them to `worker_id` in the same transaction. Also records the
+    /// worker's heartbeat. `track_devices` is false for a worker without devices, which
+    /// skips reading what its tasks hold.
     pub async fn claim_batch(
         &self,
         worker_id: i64,
         accelerators: &[Accelerator],
         free_slots: u32,
+        track_devices: bool,
         mut place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
     ) -> Result<Vec<Claimed>> {
         if free_slots == 0 {
@@ -55,25 +58,34 @@ impl Store {
         }
         let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
         let mut tx = self.begin().await?;
-        // The worker row's lock serialises claims for one worker (a retried poll racing the
-        // original), so two claims never hand out the same device. A lost worker's lease is
-        // gone: it takes nothing.
-        let online: Option<String> =
-            sqlx::query_scalar("SELECT state FROM workers WHERE id = $1 FOR UPDATE")
-                .bind(worker_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if online.as_deref() != Some("online") {
-            return Err(StoreError::WorkerLost(worker_id));
-        }
-        let busy: Vec<i32> = sqlx::query_scalar(
-            "SELECT d FROM tasks t, unnest(t.devices) AS d
-             WHERE t.worker_id = $1 AND t.state IN ('assigned', 'running')",
+        // Touching the worker's heartbeat row does three things at once: it records that the
+        // worker is alive, it refuses a worker declared lost (its lease is gone, it takes
+        // nothing), and its row lock serialises claims for one worker (a retried poll racing
+        // the original), so two claims never hand out the same device.
+        let alive: Option<i32> = sqlx::query_scalar(
+            "UPDATE worker_heartbeats h SET last_seen = now()
+             FROM workers w
+             WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online'
+             RETURNING 1",
         )
         .bind(worker_id)
-        .fetch_all(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        let mut busy: Vec<u32> = busy.into_iter().map(|d| d as u32).collect();
+        if alive.is_none() {
+            return Err(StoreError::WorkerLost(worker_id));
+        }
+        let mut busy: Vec<u32> = if track_devices {
+            let held: Vec<i32> = sqlx::query_scalar(
+                "SELECT d FROM tasks t, unnest(t.devices) AS d
+                 WHERE t.worker_id = $1 AND t.state IN ('assigned', 'running')",
+            )
+            .bind(worker_id)
+            .fetch_all(&mut *tx)
+            .await?;
+            held.into_iter().map(|d| d as u32).collect()
+        } else {
+            vec![]
+        };
         // The CTE fences the LIMIT: without it the planner may evaluate the locking subquery
         // more than once and lock more rows than asked for.
         let rows = sqlx::query(
@@ -110,33 +122,41 @@ impl Store {
             }
         }
         if chosen.is_empty() {
-            tx.rollback().await?;
+            // Commit all the same: the heartbeat stands.
+            tx.commit().await?;
             return Ok(chosen);
         }
-        for c in &chosen {
-            let devices: Vec<i32> = c.devices.iter().map(|&d| d as i32).collect();
-            sqlx::query(
-                "UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = $3, assigned_at = now(),
-                                  started_at = NULL, exit_code = NULL, reason = NULL, devices = $4
-                 WHERE id = $2",
-            )
-            .bind(worker_id)
-            .bind(c.task_id)
-            .bind(c.attempt)
-            .bind(&devices)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let job_ids: Vec<i64> = chosen.iter().map(|c| c.job_id).collect();
-        sqlx::query("UPDATE jobs SET state = 'assigned' WHERE id = ANY($1) AND state = 'pending'")
-            .bind(&job_ids)
-            .execute(&mut *tx)
-            .await?;
+        let task_ids: Vec<i64> = chosen.iter().map(|c| c.task_id).collect();
+        let attempts: Vec<i32> = chosen.iter().map(|c| c.attempt).collect();
+        // Device lists as array literals: PostgreSQL arrays of arrays must be rectangular.
+        let devices: Vec<String> = chosen
+            .iter()
+            .map(|c| {
+                format!(
+                    "{{{}}}",
+                    c.devices
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
+            })
+            .collect();
         sqlx::query(
-            "INSERT INTO events (job_id, worker_id, kind) SELECT unnest($1::bigint[]), $2, 'assigned'",
+            "WITH u AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[]) AS u(id, attempt, devices)),
+             t AS (
+                 UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = u.attempt, assigned_at = now(),
+                                  started_at = NULL, exit_code = NULL, reason = NULL, devices = u.devices::int[]
+                 FROM u WHERE tasks.id = u.id
+                 RETURNING tasks.job_id
+             ),
+             j AS (UPDATE jobs SET state = 'assigned' FROM t WHERE jobs.id = t.job_id AND jobs.state = 'pending')
+             INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $1, 'assigned' FROM t",
         )
-        .bind(&job_ids)
         .bind(worker_id)
+        .bind(&task_ids)
+        .bind(&attempts)
+        .bind(&devices)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -145,33 +165,33 @@ impl Store {
 
     /// The worker started the task's process.
     pub async fn mark_running(&self, worker_id: i64, task_id: i64, attempt: i32) -> Result<()> {
-        let mut tx = self.begin().await?;
+        // One statement (so one round trip, atomic on its own) on the per-job hot path. No
+        // NOTIFY: log followers wait for lines and for the end, not for the start.
         let job_id: Option<i64> = sqlx::query_scalar(
-            "UPDATE tasks SET state = 'running', started_at = now()
-             WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'assigned'
-             RETURNING job_id",
+            "WITH t AS (
+                 UPDATE tasks SET state = 'running', started_at = now()
+                 WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'assigned'
+                 RETURNING job_id
+             ),
+             j AS (
+                 UPDATE jobs SET state = 'running' FROM t
+                 WHERE jobs.id = t.job_id AND jobs.state IN ('pending', 'assigned')
+             ),
+             e AS (INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $3, 'running' FROM t)
+             SELECT job_id FROM t",
         )
         .bind(task_id)
         .bind(attempt)
         .bind(worker_id)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(self.pool())
         .await?;
-        let Some(job_id) = job_id else {
-            return Err(StoreError::LeaseLost {
+        match job_id {
+            Some(_) => Ok(()),
+            None => Err(StoreError::LeaseLost {
                 task: task_id,
                 attempt,
-            });
-        };
-        sqlx::query(
-            "UPDATE jobs SET state = 'running' WHERE id = $1 AND state IN ('pending', 'assigned')",
-        )
-        .bind(job_id)
-        .execute(&mut *tx)
-        .await?;
-        record_event(&mut tx, Some(job_id), Some(worker_id), "running", None).await?;
-        notify(&mut tx, Channel::Job, Some(job_id)).await?;
-        tx.commit().await?;
-        Ok(())
+            }),
+        }
     }
 
     /// Records how the task ended and finishes its job. Repeating the same completion (a
@@ -192,6 +212,36 @@ impl Store {
             (None, Some(code)) => Some(format!("exited with code {code}")),
             (None, None) => Some("ended without an exit code".to_string()),
         };
+        // The common case in one statement: the attempt is this worker's and is not to be
+        // retried. Everything else (a retry, a repeat, a cancel, a lost lease) takes the
+        // slower path below.
+        let finished: Option<i64> = sqlx::query_scalar(
+            "WITH t AS (
+                 UPDATE tasks SET state = $4, exit_code = $5, reason = $6, finished_at = now()
+                 WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
+                   AND NOT ($7 AND retry_failed AND attempt < max_attempts)
+                 RETURNING job_id
+             ),
+             j AS (
+                 UPDATE jobs SET state = $4, exit_code = $5, reason = $6, finished_at = now() FROM t
+                 WHERE jobs.id = t.job_id AND jobs.state NOT IN ('succeeded', 'failed', 'cancelled')
+             ),
+             e AS (INSERT INTO events (job_id, worker_id, kind, detail) SELECT job_id, $3, $4, $6 FROM t)
+             SELECT t.job_id FROM t, pg_notify($8, t.job_id::text)",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .bind(worker_id)
+        .bind(state)
+        .bind(done.exit_code)
+        .bind(&reason)
+        .bind(!succeeded)
+        .bind(Channel::Job.name())
+        .fetch_optional(self.pool())
+        .await?;
+        if finished.is_some() {
+            return Ok(());
+        }
         let mut tx = self.begin().await?;
         // A failed attempt of a job that asked for retries on failure goes back to the queue.
         let retry: Option<bool> = sqlx::query_scalar(

@@ -162,12 +162,16 @@ pub async fn run(
             tasks.clone(),
         ));
 
+        // The first poll after registering, and every poll after one that failed, asks the
+        // server to compare what it assigned with what we run (an answer may have been lost).
+        let mut reconcile = true;
         loop {
             let free = (config.slots as usize).saturating_sub(tasks.busy()) as u32;
             let request = PollRequest {
                 free_slots: free,
                 running: tasks.leases(),
                 wait_ms: POLL_WAIT.as_millis() as u64,
+                reconcile,
             };
             let answer = tokio::select! {
                 r = client.poll(worker, &request) => Some(r),
@@ -184,6 +188,7 @@ pub async fn run(
             match answer {
                 Ok(resp) => {
                     backoff = FIRST_BACKOFF;
+                    reconcile = false;
                     for order in resp.stop {
                         tasks.stop(order.lease, order.why);
                     }
@@ -209,6 +214,7 @@ pub async fn run(
                     continue 'register;
                 }
                 Err(e) => {
+                    reconcile = true;
                     tracing::warn!(error = %e, "poll failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);

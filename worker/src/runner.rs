@@ -374,14 +374,21 @@ async fn upload_outputs(
         .collect();
     let packed = dir.join("outputs.tar.gz");
     let (out_dir, work, target) = (output_dir.to_path_buf(), src.to_path_buf(), packed.clone());
-    tokio::task::spawn_blocking(move || -> Result<(), String> {
+    let any = tokio::task::spawn_blocking(move || -> Result<bool, String> {
         let files = archive::collect_outputs(&out_dir, &work, &globs).map_err(|e| e.to_string())?;
+        if files.is_empty() {
+            return Ok(false);
+        }
         let file = std::fs::File::create(&target).map_err(|e| e.to_string())?;
         archive::pack_files(&files, std::io::BufWriter::new(file)).map_err(|e| e.to_string())?;
-        Ok(())
+        Ok(true)
     })
     .await
     .map_err(|e| e.to_string())??;
+    // Nothing to bring back: no upload (the server answers a download with an empty archive).
+    if !any {
+        return Ok(());
+    }
     ctx.client
         .upload_outputs(ctx.worker, a.task.0, a.attempt.0, &packed)
         .await

@@ -4,6 +4,7 @@
 mod bad_input;
 mod batch;
 mod embedded;
+mod faults;
 mod jobs;
 mod placement;
 mod provisioners_local;

@@ -37,7 +37,7 @@ async fn running_job(store: &Store, name: &str) -> (i64, i64, store::Claimed) {
         .unwrap();
     let w = worker(store, name, 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -59,9 +59,9 @@ async fn racing_workers_never_claim_the_same_task() {
     let mut claimed = Vec::new();
     loop {
         let (a, b, c) = tokio::join!(
-            store.claim_batch(workers[0], CPU, 3, |_, _| Some(vec![])),
-            store.claim_batch(workers[1], CPU, 3, |_, _| Some(vec![])),
-            store.claim_batch(workers[2], CPU, 3, |_, _| Some(vec![])),
+            store.claim_batch(workers[0], CPU, 3, true, |_, _| Some(vec![])),
+            store.claim_batch(workers[1], CPU, 3, true, |_, _| Some(vec![])),
+            store.claim_batch(workers[2], CPU, 3, true, |_, _| Some(vec![])),
         );
         let batch: Vec<_> = [a.unwrap(), b.unwrap(), c.unwrap()]
             .into_iter()
@@ -100,7 +100,7 @@ async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit()
     }
     let cpu_worker = worker(&store, "cpu-only", 0).await;
     let got = store
-        .claim_batch(cpu_worker, CPU, 2, |_, _| Some(vec![]))
+        .claim_batch(cpu_worker, CPU, 2, true, |_, _| Some(vec![]))
         .await
         .unwrap();
     assert_eq!(got.len(), 2);
@@ -114,12 +114,12 @@ async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit()
     let gpu_worker = worker(&store, "gpu", 1).await;
     let kinds = [Accelerator::Cpu, Accelerator::Cuda, Accelerator::Any];
     let refused = store
-        .claim_batch(gpu_worker, &kinds, 4, |_, _| None)
+        .claim_batch(gpu_worker, &kinds, 4, true, |_, _| None)
         .await
         .unwrap();
     assert!(refused.is_empty());
     let got = store
-        .claim_batch(gpu_worker, &kinds, 4, |_, _| Some(vec![]))
+        .claim_batch(gpu_worker, &kinds, 4, true, |_, _| Some(vec![]))
         .await
         .unwrap();
     let jobs: HashSet<i64> = got.iter().map(|c| c.job_id).collect();
@@ -228,12 +228,14 @@ async fn a_lost_workers_job_is_retried_elsewhere_and_the_old_attempt_is_fenced_o
         Err(store::StoreError::WorkerLost(_))
     ));
     assert!(matches!(
-        store.claim_batch(w, CPU, 1, |_, _| Some(vec![])).await,
+        store
+            .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+            .await,
         Err(store::StoreError::WorkerLost(_))
     ));
     let healthy = worker(&store, "healthy", 0).await;
     let second = store
-        .claim_batch(healthy, CPU, 1, |_, _| Some(vec![]))
+        .claim_batch(healthy, CPU, 1, true, |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -273,7 +275,7 @@ async fn a_job_out_of_attempts_fails_with_the_reason() {
     let job = store.insert_job(&no_retries, None, None).await.unwrap();
     let w = worker(&store, "flaky", 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -311,7 +313,7 @@ async fn a_failing_job_is_retried_only_when_it_asked() {
     };
     for attempt in 1..=2 {
         let c = store
-            .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+            .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
             .await
             .unwrap()
             .remove(0);
@@ -335,7 +337,7 @@ async fn a_failing_job_is_retried_only_when_it_asked() {
         .await
         .unwrap();
     let c = store
-        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -359,7 +361,7 @@ async fn log_cursors_skip_nothing_and_repeat_nothing() {
         .unwrap();
     let w = worker(&store, "w", 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -513,7 +515,7 @@ async fn tasks_a_worker_does_not_list_go_back_to_the_queue() {
         .unwrap();
     let w = worker(&store, "w", 0).await;
     let claimed = store
-        .claim_batch(w, CPU, 3, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 3, true, |_, _| Some(vec![]))
         .await
         .unwrap();
     let task_of = |job: i64| claimed.iter().find(|c| c.job_id == job).unwrap().clone();
@@ -545,7 +547,7 @@ async fn tasks_a_worker_does_not_list_go_back_to_the_queue() {
     );
 
     let again = store
-        .claim_batch(w, CPU, 1, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
         .await
         .unwrap();
     assert_eq!(again[0].job_id, lost_answer);
@@ -573,7 +575,7 @@ async fn cancels_racing_claims_neither_deadlock_nor_run_a_cancelled_job() {
         for _ in 0..20 {
             claimed.extend(
                 store
-                    .claim_batch(w, CPU, 2, |_, _| Some(vec![]))
+                    .claim_batch(w, CPU, 2, true, |_, _| Some(vec![]))
                     .await
                     .expect("claim"),
             );
@@ -616,14 +618,17 @@ async fn a_claim_sees_the_devices_running_tasks_hold_and_records_its_own() {
     // Lowest free of devices 0 and 1, as the scheduler would without a topology.
     let lowest_free =
         |_: &domain::JobSpec, busy: &[u32]| (0..2).find(|d| !busy.contains(d)).map(|d| vec![d]);
-    let first = store.claim_batch(w, &kinds, 3, lowest_free).await.unwrap();
+    let first = store
+        .claim_batch(w, &kinds, 3, true, lowest_free)
+        .await
+        .unwrap();
     assert_eq!(
         first.iter().map(|c| c.devices.clone()).collect::<Vec<_>>(),
         vec![vec![0], vec![1]]
     );
     assert!(
         store
-            .claim_batch(w, &kinds, 1, lowest_free)
+            .claim_batch(w, &kinds, 1, true, lowest_free)
             .await
             .unwrap()
             .is_empty(),
@@ -648,7 +653,10 @@ async fn a_claim_sees_the_devices_running_tasks_hold_and_records_its_own() {
         )
         .await
         .unwrap();
-    let third = store.claim_batch(w, &kinds, 1, lowest_free).await.unwrap();
+    let third = store
+        .claim_batch(w, &kinds, 1, true, lowest_free)
+        .await
+        .unwrap();
     assert_eq!(
         third[0].devices,
         vec![1],
