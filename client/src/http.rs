@@ -11,6 +11,8 @@ use protocol::{
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Tries for an idempotent call before giving up on a server that does not answer.
@@ -20,25 +22,39 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// A request that is not a long poll or a transfer should answer well within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A connection to one GPUlayer server. Cheap to clone.
+/// A connection to a GPUlayer control plane: one server URL, or several replicas
+/// (`url1,url2`) tried in turn when one does not answer. Cheap to clone; clones share which
+/// replica is current.
 #[derive(Debug, Clone)]
 pub struct Client {
-    base: String,
+    bases: Arc<Vec<String>>,
+    current: Arc<AtomicUsize>,
     token: Option<String>,
     http: reqwest::Client,
 }
 
 impl Client {
+    /// `url` is one server URL or several, comma-separated (replicas of one control plane).
     pub fn new(url: &str, token: Option<&str>) -> Result<Self, ClientError> {
-        let trimmed = url.trim().trim_end_matches('/');
-        let parsed = reqwest::Url::parse(trimmed).map_err(|e| ClientError::BadUrl {
-            url: url.to_string(),
-            detail: e.to_string(),
-        })?;
-        if !matches!(parsed.scheme(), "http" | "https") {
+        let mut bases = Vec::new();
+        for one in url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            let trimmed = one.trim_end_matches('/');
+            let parsed = reqwest::Url::parse(trimmed).map_err(|e| ClientError::BadUrl {
+                url: one.to_string(),
+                detail: e.to_string(),
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(ClientError::BadUrl {
+                    url: one.to_string(),
+                    detail: "the scheme must be http or https".into(),
+                });
+            }
+            bases.push(trimmed.to_string());
+        }
+        if bases.is_empty() {
             return Err(ClientError::BadUrl {
                 url: url.to_string(),
-                detail: "the scheme must be http or https".into(),
+                detail: "no URL given".into(),
             });
         }
         let http = reqwest::Client::builder()
@@ -49,14 +65,31 @@ impl Client {
                 detail: e.to_string(),
             })?;
         Ok(Self {
-            base: trimmed.to_string(),
+            bases: Arc::new(bases),
+            current: Arc::new(AtomicUsize::new(0)),
             token: token.map(str::to_string),
             http,
         })
     }
 
+    /// The replica in use now.
     pub fn url(&self) -> &str {
-        &self.base
+        &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// Moves on to the next replica after `failed` did not answer (unless another request
+    /// already did).
+    pub(crate) fn fail_over(&self, failed: &str) {
+        if self.bases.len() > 1 && self.url() == failed {
+            let next = self.current.load(Ordering::Relaxed) + 1;
+            self.current
+                .store(next % self.bases.len(), Ordering::Relaxed);
+            tracing::warn!(
+                from = failed,
+                to = self.url(),
+                "server did not answer; failing over"
+            );
+        }
     }
 
     pub(crate) fn token(&self) -> Option<&str> {
@@ -64,7 +97,7 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let mut rb = self.http.request(method, format!("{}{path}", self.base));
+        let mut rb = self.http.request(method, format!("{}{path}", self.url()));
         if let Some(t) = &self.token {
             rb = rb.bearer_auth(t);
         }
@@ -79,7 +112,7 @@ impl Client {
             source = s.source();
         }
         ClientError::Unreachable {
-            url: self.base.clone(),
+            url: self.url().to_string(),
             detail,
         }
     }
@@ -92,14 +125,23 @@ impl Client {
     ) -> Result<Response, ClientError> {
         let mut backoff = FIRST_BACKOFF;
         let mut tries = 0;
+        // Each replica gets a try of its own before the backoff starts counting.
+        let budget = RETRIES + self.bases.len() as u32 - 1;
         loop {
             tries += 1;
+            let tried = self.url().to_string();
             let result = match build().send().await {
                 Ok(resp) => self.check(resp).await,
                 Err(e) => Err(self.unreachable(&e)),
             };
+            if matches!(result, Err(ClientError::Unreachable { .. })) {
+                self.fail_over(&tried);
+            }
             match result {
-                Err(e) if idempotent && e.is_transient() && tries <= RETRIES => {
+                // Calls that are not idempotent are not retried here; their callers (the
+                // worker loop) retry them, against the replica failed over to.
+                Err(e) if idempotent && e.is_transient() && tries <= budget => {
+                    tracing::debug!(error = %e, "retrying");
                     tokio::time::sleep(backoff).await;
                     backoff *= 2;
                 }
@@ -124,14 +166,14 @@ impl Client {
                 protocol::ErrorCode::Internal,
                 format!(
                     "HTTP {status} from {}: {}",
-                    self.base,
+                    self.url(),
                     text.chars().take(200).collect::<String>()
                 ),
             ),
         };
         if status == StatusCode::UNAUTHORIZED {
             return Err(ClientError::Unauthorized {
-                url: self.base.clone(),
+                url: self.url().to_string(),
                 message,
             });
         }
@@ -181,7 +223,7 @@ impl Client {
 
     /// Readiness of the server (its database answers).
     pub async fn ready(&self) -> Result<(), ClientError> {
-        self.send(false, || self.http.get(format!("{}/readyz", self.base)))
+        self.send(false, || self.http.get(format!("{}/readyz", self.url())))
             .await?;
         Ok(())
     }
@@ -308,10 +350,14 @@ impl Client {
                 .header(reqwest::header::CONTENT_LENGTH, len)
                 .body(reqwest::Body::wrap_stream(stream))
                 .timeout(Duration::from_secs(3600));
+            let tried = self.url().to_string();
             let result = match rb.send().await {
                 Ok(resp) => self.check(resp).await.map(|_| ()),
                 Err(e) => Err(self.unreachable(&e)),
             };
+            if matches!(result, Err(ClientError::Unreachable { .. })) {
+                self.fail_over(&tried);
+            }
             match result {
                 Err(e) if e.is_transient() && tries <= RETRIES => {
                     tokio::time::sleep(backoff).await;

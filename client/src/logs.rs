@@ -24,9 +24,11 @@ impl Client {
         let mut seen: HashMap<(i64, i32), i64> = HashMap::new();
         let mut failing_since: Option<tokio::time::Instant> = None;
         loop {
+            let tried = self.url().to_string();
             match self.follow_once(id, &mut seen, &mut on_line).await {
                 Ok(end) => return Ok(end),
                 Err(e) if e.is_transient() => {
+                    self.fail_over(&tried);
                     let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
                     if since.elapsed() > RECONNECT_FOR {
                         return Err(e);

@@ -80,12 +80,8 @@ impl Server {
         });
         let ready: serde_json::Value = serde_json::from_str(&first)
             .unwrap_or_else(|e| panic!("gpulayer up's first line is not JSON ({e}): {first}"));
-        let field = |k: &str| {
-            ready[k]
-                .as_str()
-                .unwrap_or_else(|| panic!("ready line lacks {k}: {first}"))
-                .to_string()
-        };
+        // A replica joining a database that already has an admin token prints none.
+        let field = |k: &str| ready[k].as_str().unwrap_or_default().to_string();
         Self {
             url: field("url"),
             admin_token: field("admin_token"),
@@ -108,16 +104,14 @@ impl Server {
 
     /// Starts a `gpulayer join` worker with this server's join token.
     pub fn join(&self, name: &str, extra: &[&str]) -> Worker {
+        self.join_to(&self.url, name, extra)
+    }
+
+    /// Starts a worker that dials `urls` (one, or several replicas comma-separated).
+    pub fn join_to(&self, urls: &str, name: &str, extra: &[&str]) -> Worker {
         let dir = tempfile::tempdir().expect("worker dir");
         let child = Command::new(&self.bin)
-            .args([
-                "join",
-                &self.url,
-                "--token",
-                &self.join_token,
-                "--name",
-                name,
-            ])
+            .args(["join", urls, "--token", &self.join_token, "--name", name])
             .arg("--work-dir")
             .arg(dir.path())
             .args(extra)
@@ -135,6 +129,12 @@ impl Server {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// `kill -9`: the replica dies mid-request.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -177,3 +177,84 @@ fn remove_relocated_cluster(data_dir: &std::path::Path) {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_restart_mid_batch_is_ridden_out_by_every_component() {
+    let home = tempfile::tempdir().unwrap();
+    let data_dir = home.path().join("data");
+    let config = home.path().join("config");
+    let mut up = start_up(&data_dir, &config);
+    let n = 200;
+    let batch = home.path().join("jobs.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"command\": [\"sh\", \"-c\", \"sleep 0.02; echo ok\"]}\n".repeat(n),
+    )
+    .unwrap();
+    client(&config, &["submit", "--batch", batch.to_str().unwrap()]).success();
+
+    // The cluster `up` runs, attached to from here as `up` itself would.
+    let pg = store::EmbeddedPostgres::start(&data_dir.join("postgres"))
+        .await
+        .unwrap();
+    let options = pg.connect_options(store::embedded::EMBEDDED_DATABASE);
+    let succeeded = |options: sqlx::postgres::PgConnectOptions| async move {
+        let pool = sqlx::PgPool::connect_with(options).await.unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'succeeded'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        n
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while succeeded(options.clone()).await < 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch did not get going"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pg.stop().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pg = store::EmbeddedPostgres::start(&data_dir.join("postgres"))
+        .await
+        .unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while succeeded(options.clone()).await < n as i64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch did not finish after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pool = sqlx::PgPool::connect_with(options.clone()).await.unwrap();
+    let twice: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT job_id FROM events WHERE kind = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(twice, 0, "no job completed twice");
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, n as i64);
+    pool.close().await;
+    // The API answers again, through the same `up`.
+    let listed = client(&config, &["jobs", "--json", "--limit", "1"])
+        .success()
+        .json();
+    assert_eq!(listed["jobs"][0]["state"], "succeeded");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(up.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = up.child.wait();
+    let _ = pg.stop().await;
+    remove_relocated_cluster(&data_dir);
+}

@@ -93,3 +93,47 @@ async fn killing_a_quarter_of_the_workers_mid_batch_loses_and_duplicates_nothing
     );
     eprintln!("{retried} job(s) were retried after their worker was killed");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_one_of_two_api_replicas_loses_no_accepted_job() {
+    let db = testkit::fresh_database().await;
+    let options = ServerOptions {
+        lease_seconds: 3,
+        ..Default::default()
+    };
+    let mut a = Server::start(&bin(), &db.url, options.clone());
+    let b = Server::start(&bin(), &db.url, options);
+    let both = format!("{},{}", a.url, b.url);
+    let _worker = a.join_to(&both, "w", &["--slots", "4"]);
+    let cli = testkit::Cli {
+        url: both.clone(),
+        ..a.cli()
+    };
+    let mut accepted: Vec<i64> = (0..10)
+        .map(|_| cli.submit(&["--", "sh", "-c", "sleep 0.2; echo done"]))
+        .collect();
+
+    a.kill_hard();
+    // The same client and worker carry on through the other replica.
+    accepted.extend((0..10).map(|_| cli.submit(&["--", "sh", "-c", "sleep 0.2; echo done"])));
+    for job in &accepted {
+        let wait = cli.run(&["wait", &job.to_string(), "--timeout", "60"]);
+        assert_eq!(wait.code, 0, "job {job}: {wait:?}");
+    }
+    let follow = cli
+        .run(&["logs", &accepted[0].to_string(), "--follow"])
+        .success();
+    assert_eq!(
+        follow.stdout.trim(),
+        "done",
+        "logs stream from the surviving replica"
+    );
+    let pool = sqlx::PgPool::connect_with(db.options.clone())
+        .await
+        .unwrap();
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'succeeded'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 20, "every accepted job ran, none twice");
+}
