@@ -50,6 +50,12 @@ pub(crate) struct SubmitArgs {
     /// Also retry when the job itself fails (non-zero exit), up to --retries times.
     #[arg(long)]
     retry_failed: bool,
+    /// Higher runs first; jobs of one priority run in submit order.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    priority: i32,
+    /// Stop and fail the job if one attempt runs longer than this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
     /// Show which workers could run the job, and why not, without submitting it.
     #[arg(long)]
     dry_run: bool,
@@ -109,6 +115,8 @@ fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
         },
         retries: args.retries,
         retry_failed: args.retry_failed,
+        priority: args.priority,
+        timeout_seconds: args.timeout,
     };
     spec.check()?;
     Ok(spec)

@@ -49,5 +49,7 @@ pub fn job(accelerator: Accelerator) -> JobSpec {
         requirements: Default::default(),
         retries: None,
         retry_failed: false,
+        priority: 0,
+        timeout_seconds: None,
     }
 }

@@ -321,6 +321,12 @@ pub struct JobSpec {
     /// Also retry when the job itself fails (a non-zero exit), not only when its worker is lost.
     #[serde(default)]
     pub retry_failed: bool,
+    /// Higher runs first; jobs of one priority run in submit order.
+    #[serde(default)]
+    pub priority: i32,
+    /// The longest one attempt may run before it is stopped and fails.
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
 }
 
 /// Retries when a job does not say: a lost machine is not the job's fault, so try again, but
@@ -338,6 +344,11 @@ impl JobSpec {
 
     /// Checks the parts against each other (each part was checked when it was parsed).
     pub fn check(&self) -> Result<(), SpecError> {
+        if self.timeout_seconds == Some(0) {
+            return Err(SpecError::Inconsistent(
+                "--timeout must be at least 1 second".into(),
+            ));
+        }
         if self.retries.is_some_and(|r| r > MAX_RETRIES) {
             return Err(SpecError::Inconsistent(format!(
                 "--retries is at most {MAX_RETRIES}"

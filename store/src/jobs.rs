@@ -113,11 +113,12 @@ impl Store {
             .collect();
         let json: Vec<sqlx::types::Json<&JobSpec>> = specs.iter().map(sqlx::types::Json).collect();
         let accelerators: Vec<&str> = specs.iter().map(|s| s.accelerator.as_str()).collect();
+        let priorities: Vec<i32> = specs.iter().map(|s| s.priority).collect();
         let inserted: Vec<i64> = sqlx::query_scalar(
-            "INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key)
-             SELECT i.id, i.name, i.spec, i.accelerator, 'pending', $5, i.key
-             FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::text[], $6::text[])
-                  AS i(id, name, spec, accelerator, key)
+            "INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key, priority)
+             SELECT i.id, i.name, i.spec, i.accelerator, 'pending', $5, i.key, i.priority
+             FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::text[], $6::text[], $7::int[])
+                  AS i(id, name, spec, accelerator, key, priority)
              ON CONFLICT (idempotency_key) DO NOTHING
              RETURNING id",
         )
@@ -127,6 +128,7 @@ impl Store {
         .bind(&accelerators)
         .bind(submitted_by)
         .bind(keys)
+        .bind(&priorities)
         .fetch_all(&mut *tx)
         .await?;
         let inserted: std::collections::HashSet<i64> = inserted.into_iter().collect();
@@ -161,16 +163,18 @@ impl Store {
                 .map(|&i| specs[i].max_attempts() as i32)
                 .collect();
             let retry: Vec<bool> = new.iter().map(|&i| specs[i].retry_failed).collect();
+            let new_priorities: Vec<i32> = new.iter().map(|&i| priorities[i]).collect();
             sqlx::query(
-                "INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed)
-                 SELECT job_id, 'pending', accelerator, max_attempts, retry_failed
-                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bool[])
-                      AS t(job_id, accelerator, max_attempts, retry_failed)",
+                "INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed, priority)
+                 SELECT job_id, 'pending', accelerator, max_attempts, retry_failed, priority
+                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bool[], $5::int[])
+                      AS t(job_id, accelerator, max_attempts, retry_failed, priority)",
             )
             .bind(&new_ids)
             .bind(&new_accels)
             .bind(&attempts)
             .bind(&retry)
+            .bind(&new_priorities)
             .execute(&mut *tx)
             .await?;
             sqlx::query(

@@ -200,23 +200,32 @@ async fn execute(
         lines.clone(),
     ));
 
+    let limit = a.spec.timeout_seconds.map(Duration::from_secs);
+    let over_time = async {
+        match limit {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut timed_out = false;
     let status = tokio::select! {
         status = child.wait() => status,
-        () = stop_ordered(&mut ctx.stop) => {
-            signal_group(pid, Signal::SIGTERM);
-            match tokio::time::timeout(STOP_GRACE, child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    signal_group(pid, Signal::SIGKILL);
-                    child.wait().await
-                }
-            }
+        () = stop_ordered(&mut ctx.stop) => stop_group(pid, &mut child).await,
+        () = over_time => {
+            timed_out = true;
+            stop_group(pid, &mut child).await
         }
     };
     // Whatever the leader left behind in its group goes with it: the job is over.
     signal_group(pid, Signal::SIGKILL);
     for pump in [out, err] {
         let _ = tokio::time::timeout(PIPE_DRAIN_TIMEOUT, pump).await;
+    }
+    if timed_out {
+        let secs = limit.map(|t| t.as_secs()).unwrap_or_default();
+        let why = format!("timed out after {secs} s (--timeout {secs})");
+        system(format!("stopped: {why}")).await;
+        return Err(why);
     }
     let status = status.map_err(|e| format!("waiting for the process failed: {e}"))?;
     let code = exit_code(status);
@@ -268,6 +277,21 @@ fn device_env(a: &Assignment, inventory: &domain::Inventory) -> Vec<(&'static st
         }
         Accelerator::Cpu => vec![("CUDA_VISIBLE_DEVICES", String::new())],
         Accelerator::Mps | Accelerator::Any => vec![],
+    }
+}
+
+/// SIGTERM to the whole group, then SIGKILL if it is still there after the grace period.
+async fn stop_group(
+    pid: u32,
+    child: &mut tokio::process::Child,
+) -> std::io::Result<std::process::ExitStatus> {
+    signal_group(pid, Signal::SIGTERM);
+    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            signal_group(pid, Signal::SIGKILL);
+            child.wait().await
+        }
     }
 }
 

@@ -430,3 +430,39 @@ async fn a_job_on_a_killed_worker_is_retried_on_another_worker() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_over_its_timeout_is_stopped_and_fails_saying_so() {
+    let server = server(ServerOptions::default()).await;
+    let _worker = server.join("w1", &[]);
+    let cli = server.cli();
+    let started = Instant::now();
+    let out = cli.run(&[
+        "submit",
+        "--timeout",
+        "1",
+        "--follow",
+        "--",
+        "sh",
+        "-c",
+        "echo begun; sleep 600",
+    ]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "stopped near its timeout"
+    );
+    assert!(out.stdout.contains("begun"));
+    assert!(
+        out.stderr.contains("timed out after 1 s (--timeout 1)"),
+        "{}",
+        out.stderr
+    );
+    let bad = cli.run(&["submit", "--timeout", "0", "--", "true"]);
+    assert_ne!(bad.code, 0);
+    assert!(
+        bad.stderr.contains("--timeout must be at least 1 second"),
+        "{}",
+        bad.stderr
+    );
+}

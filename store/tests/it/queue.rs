@@ -713,3 +713,38 @@ async fn a_reused_idempotency_key_with_a_different_job_is_a_conflict() {
         "{other:?}"
     );
 }
+
+#[tokio::test]
+async fn higher_priorities_are_claimed_first_and_ties_in_submit_order() {
+    let store = store().await;
+    let with_priority = |priority| domain::JobSpec {
+        priority,
+        ..spec(Accelerator::Cpu)
+    };
+    let low = store
+        .insert_job(&with_priority(-1), None, None)
+        .await
+        .unwrap();
+    let normal_1 = store
+        .insert_job(&with_priority(0), None, None)
+        .await
+        .unwrap();
+    let urgent = store
+        .insert_job(&with_priority(10), None, None)
+        .await
+        .unwrap();
+    let normal_2 = store
+        .insert_job(&with_priority(0), None, None)
+        .await
+        .unwrap();
+    let w = worker(&store, "w", 0).await;
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let c = store
+            .claim_batch(w, CPU, 1, false, |_, _| Some(vec![]))
+            .await
+            .unwrap();
+        order.push(c[0].job_id);
+    }
+    assert_eq!(order, vec![urgent, normal_1, normal_2, low]);
+}
