@@ -18,6 +18,8 @@ use tower_http::trace::TraceLayer;
 pub struct ServerConfig {
     /// A worker silent for longer than this is declared lost.
     pub lease: Duration,
+    /// Finished jobs (with their logs, events and outputs) are deleted after this long.
+    pub retention: Duration,
 }
 
 impl Default for ServerConfig {
@@ -26,6 +28,7 @@ impl Default for ServerConfig {
             // Long enough to ride out a GC pause or a brief network blip, short enough that
             // a dead machine's jobs are failed (and, later, retried) within half a minute.
             lease: Duration::from_secs(20),
+            retention: Duration::from_secs(14 * 86_400),
         }
     }
 }
@@ -129,7 +132,7 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let sweeper = tokio::spawn(crate::sweeper::run(state.store.clone(), state.config.lease));
+    let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await;

@@ -1,8 +1,15 @@
-//! The leader loop: one replica at a time holds the advisory lock and rescues lost workers.
+//! The leader loop: one replica at a time holds the advisory lock, rescues lost workers and
+//! prunes finished jobs past their retention.
 
+use crate::server::AppState;
+use object_store::ObjectStoreExt;
 use std::time::Duration;
-use store::Store;
 use store::leader::Leadership;
+
+/// How often the leader prunes, and how many jobs at most per round: small rounds keep each
+/// delete short, so it never holds back vacuum or blocks claims for long.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+const PRUNE_BATCH: i64 = 5_000;
 
 /// The sweep runs several times per lease so a lost worker is noticed soon after its lease
 /// ends, but at least every 5 s and at most every 250 ms.
@@ -11,8 +18,10 @@ pub fn sweep_interval(lease: Duration) -> Duration {
 }
 
 /// Runs forever: try to lead; while leading, sweep.
-pub async fn run(store: Store, lease: Duration) {
+pub async fn run(app: AppState) {
+    let (store, lease) = (app.store.clone(), app.config.lease);
     let interval = sweep_interval(lease);
+    let mut last_prune = tokio::time::Instant::now();
     let mut leadership: Option<Leadership> = None;
     loop {
         if leadership.is_none() {
@@ -38,9 +47,40 @@ pub async fn run(store: Store, lease: Duration) {
                     }
                     Err(e) => tracing::warn!(error = %e, "rescue sweep failed"),
                 }
+                if last_prune.elapsed() >= PRUNE_EVERY {
+                    last_prune = tokio::time::Instant::now();
+                    prune(&app).await;
+                }
             }
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+async fn prune(app: &AppState) {
+    match app
+        .store
+        .prune_finished(app.config.retention, PRUNE_BATCH)
+        .await
+    {
+        Ok(keys) => {
+            for key in &keys {
+                if let Err(e) = app
+                    .objects
+                    .delete(&object_store::path::Path::from(key.as_str()))
+                    .await
+                {
+                    tracing::warn!(key, error = %e, "could not delete pruned outputs");
+                }
+            }
+            if !keys.is_empty() {
+                tracing::info!(
+                    outputs = keys.len(),
+                    "pruned finished jobs past their retention"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "pruning failed"),
     }
 }
 

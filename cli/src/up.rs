@@ -32,6 +32,9 @@ pub(crate) struct UpArgs {
     /// Seconds without a heartbeat after which a worker is declared lost.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_seconds: u64,
+    /// Days a finished job (its logs, events and outputs) is kept before it is deleted.
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u64).range(1..=36500))]
+    retention_days: u64,
     /// Print one JSON object (url, tokens, join command) once ready, instead of prose.
     #[arg(long)]
     json: bool,
@@ -135,6 +138,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
 
     let config = api::ServerConfig {
         lease: Duration::from_secs(args.lease_seconds),
+        retention: Duration::from_secs(args.retention_days * 86_400),
     };
     let state = api::AppState::new(store.clone(), Arc::new(objects), config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -255,3 +255,33 @@ impl Store {
         Ok(previous)
     }
 }
+
+impl Store {
+    /// Deletes up to `limit` jobs that finished more than `older_than` ago, with their tasks,
+    /// logs and events, and returns the object-store keys of their outputs for the caller to
+    /// delete. Keeps the tables (and so every scan of them) from growing without end.
+    pub async fn prune_finished(
+        &self,
+        older_than: std::time::Duration,
+        limit: i64,
+    ) -> Result<Vec<String>> {
+        let keys: Vec<Option<String>> = sqlx::query_scalar(
+            "WITH doomed AS (
+                 SELECT id FROM jobs
+                 WHERE state IN ('succeeded', 'failed', 'cancelled')
+                   AND finished_at < now() - make_interval(secs => $1)
+                 ORDER BY id LIMIT $2
+             ),
+             l AS (DELETE FROM logs WHERE job_id IN (SELECT id FROM doomed)),
+             e AS (DELETE FROM events WHERE job_id IN (SELECT id FROM doomed)),
+             t AS (DELETE FROM tasks WHERE job_id IN (SELECT id FROM doomed) RETURNING outputs_key),
+             j AS (DELETE FROM jobs WHERE id IN (SELECT id FROM doomed))
+             SELECT outputs_key FROM t",
+        )
+        .bind(older_than.as_secs_f64())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(keys.into_iter().flatten().collect())
+    }
+}

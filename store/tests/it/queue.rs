@@ -748,3 +748,55 @@ async fn higher_priorities_are_claimed_first_and_ties_in_submit_order() {
     }
     assert_eq!(order, vec![urgent, normal_1, normal_2, low]);
 }
+
+#[tokio::test]
+async fn finished_jobs_past_their_retention_are_pruned_and_nothing_else() {
+    let store = store().await;
+    let (old, w, c) = running_job(&store, "w").await;
+    let ok = Completion {
+        exit_code: Some(0),
+        error: None,
+    };
+    store
+        .append_logs(w, c.task_id, c.attempt, &[(0, 1, "line".into())])
+        .await
+        .unwrap();
+    store
+        .set_outputs(w, c.task_id, c.attempt, "outputs/old.tar.gz", 10)
+        .await
+        .unwrap();
+    store
+        .complete_task(w, c.task_id, c.attempt, &ok)
+        .await
+        .unwrap();
+    let recent = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE jobs SET finished_at = now() - interval '2 days' WHERE id = $1")
+        .bind(old)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let keys = store
+        .prune_finished(Duration::from_secs(86_400), 1000)
+        .await
+        .unwrap();
+    assert_eq!(keys, vec!["outputs/old.tar.gz".to_string()]);
+    assert!(matches!(
+        store.get_job(old).await,
+        Err(store::StoreError::NotFound(_))
+    ));
+    assert_eq!(
+        store.get_job(recent).await.unwrap().state,
+        domain::JobState::Pending,
+        "unfinished jobs stay"
+    );
+    assert!(
+        store
+            .prune_finished(Duration::from_secs(86_400), 1000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
