@@ -23,6 +23,12 @@ pub(crate) struct UpArgs {
     /// replicas sharing it).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// Where sources and outputs go: s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or a
+    /// directory [default: DATA_DIR/objects]. S3 reads the usual AWS_* variables
+    /// (AWS_ENDPOINT for S3-compatible servers), GCS the GOOGLE_* ones. Replicas behind one
+    /// load balancer must share it.
+    #[arg(long, env = "GPULAYER_STORE")]
+    store: Option<String>,
     /// Also run a worker in this process (a one-machine set-up).
     #[arg(long)]
     with_worker: bool,
@@ -81,11 +87,8 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
         }
     };
 
-    let objects_dir = data_dir.join("objects");
-    std::fs::create_dir_all(&objects_dir)
-        .with_context(|| format!("cannot create {}", objects_dir.display()))?;
-    let objects = object_store::local::LocalFileSystem::new_with_prefix(&objects_dir)
-        .with_context(|| format!("cannot use {} as the object store", objects_dir.display()))?;
+    let objects = object_store_for(args.store.as_deref(), &data_dir)?;
+    check_object_store(&objects, args.store.as_deref()).await?;
 
     let admin_token = if store.has_token_with_role(Role::Admin).await? {
         None
@@ -140,7 +143,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
         lease: Duration::from_secs(args.lease_seconds),
         retention: Duration::from_secs(args.retention_days * 86_400),
     };
-    let state = api::AppState::new(store.clone(), Arc::new(objects), config);
+    let state = api::AppState::new(store.clone(), objects, config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let worker = args.with_worker.then(|| {
         let config = worker::WorkerConfig {
@@ -185,6 +188,86 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             .await
             .context("cannot stop the embedded PostgreSQL")?;
     }
+    Ok(())
+}
+
+/// The object store `--store` names, or a directory under the data dir.
+fn object_store_for(
+    url: Option<&str>,
+    data_dir: &Path,
+) -> Result<Arc<dyn object_store::ObjectStore>> {
+    use object_store::path::Path as ObjectPath;
+    use object_store::prefix::PrefixStore;
+    let bad = |url: &str, e: &dyn std::fmt::Display| {
+        anyhow::anyhow!(
+            "--store {url}: {e} (use s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or a directory)"
+        )
+    };
+    let with_prefix = |url: &str,
+                       store: Arc<dyn object_store::ObjectStore>|
+     -> Arc<dyn object_store::ObjectStore> {
+        let path = url
+            .split_once("://")
+            .map(|(_, rest)| rest)
+            .unwrap_or_default();
+        match path.split_once('/').map(|(_, p)| p.trim_matches('/')) {
+            Some(prefix) if !prefix.is_empty() => {
+                Arc::new(PrefixStore::new(store, ObjectPath::from(prefix)))
+            }
+            _ => store,
+        }
+    };
+    match url {
+        Some(url) if url.starts_with("s3://") => {
+            let s3 = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(url)
+                .build()
+                .map_err(|e| bad(url, &e))?;
+            Ok(with_prefix(url, Arc::new(s3)))
+        }
+        Some(url) if url.starts_with("gs://") => {
+            let gcs = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(url)
+                .build()
+                .map_err(|e| bad(url, &e))?;
+            Ok(with_prefix(url, Arc::new(gcs)))
+        }
+        Some(url) if url.contains("://") && !url.starts_with("file://") => {
+            Err(bad(url, &"unknown scheme"))
+        }
+        other => {
+            let dir = match other {
+                Some(u) => PathBuf::from(u.trim_start_matches("file://")),
+                None => data_dir.join("objects"),
+            };
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                .with_context(|| format!("cannot use {} as the object store", dir.display()))?;
+            Ok(Arc::new(local))
+        }
+    }
+}
+
+/// Writes and deletes one small object, so a wrong bucket or missing credentials stop `up`
+/// with a clear error instead of failing the first upload.
+async fn check_object_store(
+    objects: &Arc<dyn object_store::ObjectStore>,
+    url: Option<&str>,
+) -> Result<()> {
+    use object_store::ObjectStoreExt;
+    let path = object_store::path::Path::from(format!("health/{}", api::mint_secret("check-")));
+    let what = url.unwrap_or("the local object store");
+    objects
+        .put(&path, bytes::Bytes::from_static(b"ok").into())
+        .await
+        .with_context(|| {
+            format!("cannot write to {what} (check the bucket and the credentials)")
+        })?;
+    objects
+        .delete(&path)
+        .await
+        .with_context(|| format!("cannot delete from {what}"))?;
     Ok(())
 }
 

@@ -16,6 +16,10 @@ pub struct ServerOptions {
     pub lease_seconds: u64,
     /// Also run a worker inside the server process.
     pub with_worker: bool,
+    /// More arguments for `gpulayer up`.
+    pub extra_args: Vec<String>,
+    /// More environment for `gpulayer up`.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for ServerOptions {
@@ -23,6 +27,8 @@ impl Default for ServerOptions {
         Self {
             lease_seconds: 10,
             with_worker: false,
+            extra_args: vec![],
+            env: vec![],
         }
     }
 }
@@ -62,6 +68,8 @@ impl Server {
         if options.with_worker {
             cmd.arg("--with-worker");
         }
+        cmd.args(&options.extra_args)
+            .envs(options.env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd.spawn().expect("spawn gpulayer up");
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = std::sync::mpsc::channel();

@@ -8,6 +8,7 @@ mod faults;
 mod jobs;
 mod placement;
 mod provisioners_local;
+mod s3;
 
 use std::path::PathBuf;
 use testkit::{Server, ServerOptions};
