@@ -1,9 +1,13 @@
 //! One LISTEN connection per replica, fanned out to every request that waits for a change
 //! (long polls, log followers). A notification is only a hint: waiters re-read the tables.
 //! After the listener reconnects, everyone is woken, since hints sent meanwhile are lost.
+//!
+//! Two fan-outs, so nobody is woken for what it does not wait for: workers' long polls hear
+//! of new work and stop orders; log followers hear of their jobs' lines and ends (one of
+//! those per job start, line batch and end: far too many to wake every held poll with).
 
 use std::time::Duration;
-use store::{Store, Wakeup};
+use store::{Channel, Store, Wakeup};
 use tokio::sync::broadcast;
 
 /// Waiters that fall this far behind get `Lagged` and simply re-read everything.
@@ -14,25 +18,39 @@ const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct Hub {
-    tx: broadcast::Sender<Wakeup>,
+    /// Work and stop orders, for workers' long polls.
+    workers: broadcast::Sender<Wakeup>,
+    /// Log lines and job ends, for log followers.
+    jobs: broadcast::Sender<Wakeup>,
 }
 
 impl Hub {
     /// Starts the listener task for `store`.
     pub fn start(store: Store) -> Self {
-        let (tx, _) = broadcast::channel(HUB_CAPACITY);
-        let hub = Self { tx };
-        let sender = hub.tx.clone();
+        let hub = Self {
+            workers: broadcast::channel(HUB_CAPACITY).0,
+            jobs: broadcast::channel(HUB_CAPACITY).0,
+        };
+        let (workers, jobs) = (hub.workers.clone(), hub.jobs.clone());
         tokio::spawn(async move {
             loop {
                 match store.listen().await {
                     Ok(mut listener) => {
                         // Anything sent before this LISTEN began is unseen: wake everyone.
-                        let _ = sender.send(Wakeup::Reconnected);
+                        let _ = workers.send(Wakeup::Reconnected);
+                        let _ = jobs.send(Wakeup::Reconnected);
                         loop {
                             match listener.recv().await {
+                                Ok(
+                                    w @ Wakeup::Notified {
+                                        channel: Channel::Work | Channel::Stop,
+                                        ..
+                                    },
+                                ) => {
+                                    let _ = workers.send(w);
+                                }
                                 Ok(w) => {
-                                    let _ = sender.send(w);
+                                    let _ = jobs.send(w);
                                 }
                                 Err(e) => {
                                     tracing::warn!(error = %e, "LISTEN connection failed; reconnecting");
@@ -49,8 +67,14 @@ impl Hub {
         hub
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Wakeup> {
-        self.tx.subscribe()
+    /// Hints for a worker's long poll: new work, stop orders.
+    pub fn subscribe_work(&self) -> broadcast::Receiver<Wakeup> {
+        self.workers.subscribe()
+    }
+
+    /// Hints for log followers: new lines, jobs that changed state.
+    pub fn subscribe_jobs(&self) -> broadcast::Receiver<Wakeup> {
+        self.jobs.subscribe()
     }
 }
 

@@ -327,7 +327,7 @@ async fn follow_logs(
     mut socket: WebSocket,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut cursors: HashMap<(i64, i32), i64> = HashMap::new();
-    let mut rx = app.hub.subscribe();
+    let mut rx = app.hub.subscribe_jobs();
     loop {
         // Read until caught up; then, if the job has ended, everything it printed is stored
         // (workers ship logs before completing), so one more read drains it.

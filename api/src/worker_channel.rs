@@ -187,7 +187,7 @@ pub async fn poll(
         .map(|l| (l.task.0, l.attempt.0))
         .collect();
     // Subscribe before the first check so a NOTIFY between check and wait is not missed.
-    let mut rx = app.hub.subscribe();
+    let mut rx = app.hub.subscribe_work();
     // A worker drops a held poll when one of its tasks ends (to poll again with the freed
     // slot). Database work is shielded from that cancellation: a query cut off half way
     // makes sqlx throw its connection away, and connections are expensive to replace.

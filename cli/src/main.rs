@@ -89,7 +89,17 @@ fn main() -> ExitCode {
     } else {
         "warn"
     });
-    let runtime = match tokio::runtime::Runtime::new() {
+    // A worker waits on the network and its children; one thread serves it with fewer
+    // wake-ups across threads (it matters when many workers share a machine). The server and
+    // the client commands take the multi-threaded runtime.
+    let runtime = if matches!(cli.command, Command::Join(_)) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Runtime::new()
+    };
+    let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -397,6 +397,13 @@ async fn upload_outputs(
         .map(|g| g.as_str().to_string())
         .collect();
     let packed = dir.join("outputs.tar.gz");
+    // Most jobs bring nothing back: no globs and an empty output dir need no walk at all.
+    let output_dir_empty = std::fs::read_dir(output_dir)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true);
+    if globs.is_empty() && output_dir_empty {
+        return Ok(());
+    }
     let (out_dir, work, target) = (output_dir.to_path_buf(), src.to_path_buf(), packed.clone());
     let any = tokio::task::spawn_blocking(move || -> Result<bool, String> {
         let files = archive::collect_outputs(&out_dir, &work, &globs).map_err(|e| e.to_string())?;
