@@ -326,17 +326,26 @@ pub(crate) struct WorkersArgs {
     json: bool,
 }
 
-pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
+/// The workers, for a listing; None when nothing is left to print (`--json` printed them, or
+/// there are none and the way to add one was said).
+pub(crate) async fn worker_list(json: bool) -> Result<Option<protocol::WorkerList>> {
     let client = crate::settings::client()?;
     let list = client.workers().await?;
-    if args.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&list)?);
-        return Ok(());
+        return Ok(None);
     }
     if list.workers.is_empty() {
         println!("no workers yet: run the `gpulayer join ...` line that `gpulayer up` printed");
-        return Ok(());
+        return Ok(None);
     }
+    Ok(Some(list))
+}
+
+pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
+    let Some(list) = worker_list(args.json).await? else {
+        return Ok(());
+    };
     let rows: Vec<Vec<String>> = list
         .workers
         .iter()

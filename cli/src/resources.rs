@@ -124,17 +124,9 @@ pub(crate) async fn run(args: ResourcesArgs) -> Result<()> {
             Ok(())
         }
         None => {
-            let client = crate::settings::client()?;
-            let list = client.workers().await?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+            let Some(list) = crate::jobs::worker_list(args.json).await? else {
                 return Ok(());
-            }
-            if list.workers.is_empty() {
-                println!(
-                    "no workers yet: run the `gpulayer join ...` line that `gpulayer up` printed"
-                );
-            }
+            };
             for w in list.workers.iter().filter(|w| w.state != "stopped") {
                 let labels = if w.labels.is_empty() {
                     String::new()

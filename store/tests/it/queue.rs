@@ -31,10 +31,16 @@ const CPU: &[Accelerator] = &[Accelerator::Cpu, Accelerator::Any];
 
 /// A cpu job running on a fresh worker named `name`: (job, worker, its claimed task).
 async fn running_job(store: &Store, name: &str) -> (i64, i64, store::Claimed) {
-    let job = store
-        .insert_job(&spec(Accelerator::Cpu), None, None)
-        .await
-        .unwrap();
+    running_job_with(store, name, &spec(Accelerator::Cpu)).await
+}
+
+/// `spec` running on a fresh worker named `name`: (job, worker, its claimed task).
+async fn running_job_with(
+    store: &Store,
+    name: &str,
+    spec: &domain::JobSpec,
+) -> (i64, i64, store::Claimed) {
+    let job = store.insert_job(spec, None, None).await.unwrap();
     let w = worker(store, name, 0).await;
     let c = store
         .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
@@ -43,6 +49,18 @@ async fn running_job(store: &Store, name: &str) -> (i64, i64, store::Claimed) {
         .remove(0);
     store.mark_running(w, c.task_id, c.attempt).await.unwrap();
     (job, w, c)
+}
+
+/// Starts a claimed task and reports how it ended.
+async fn run_to_end(store: &Store, worker: i64, c: &store::Claimed, done: &Completion) {
+    store
+        .mark_running(worker, c.task_id, c.attempt)
+        .await
+        .unwrap();
+    store
+        .complete_task(worker, c.task_id, c.attempt, done)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -251,14 +269,7 @@ async fn a_lost_workers_job_is_retried_elsewhere_and_the_old_attempt_is_fenced_o
         matches!(stale, Err(store::StoreError::LeaseLost { .. })),
         "{stale:?}"
     );
-    store
-        .mark_running(healthy, second.task_id, second.attempt)
-        .await
-        .unwrap();
-    store
-        .complete_task(healthy, second.task_id, second.attempt, &ok)
-        .await
-        .unwrap();
+    run_to_end(&store, healthy, &second, &ok).await;
     assert_eq!(
         store.get_job(job).await.unwrap().state,
         domain::JobState::Succeeded
@@ -341,11 +352,7 @@ async fn a_failing_job_is_retried_only_when_it_asked() {
         .await
         .unwrap()
         .remove(0);
-    store.mark_running(w, c.task_id, c.attempt).await.unwrap();
-    store
-        .complete_task(w, c.task_id, c.attempt, &exit_1)
-        .await
-        .unwrap();
+    run_to_end(&store, w, &c, &exit_1).await;
     assert_eq!(
         store.get_job(once).await.unwrap().state,
         domain::JobState::Failed
