@@ -170,6 +170,7 @@ async fn execute(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    die_with_worker(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| {
         format!(
             "cannot start `{}` on worker {}: {e}",
@@ -277,6 +278,28 @@ fn device_env(a: &Assignment, inventory: &domain::Inventory) -> Vec<(&'static st
         }
         Accelerator::Cpu => vec![("CUDA_VISIBLE_DEVICES", String::new())],
         Accelerator::Mps | Accelerator::Any => vec![],
+    }
+}
+
+/// Makes the job's leader die with the worker: a worker killed outright (`kill -9`, OOM)
+/// cannot stop its jobs, and its tasks are run again elsewhere, so a survivor would be the
+/// same work twice. (Its grandchildren are not reached by this; cgroups would.)
+#[allow(unsafe_code)]
+fn die_with_worker(cmd: &mut tokio::process::Command) {
+    let worker = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl(2) and
+    // getppid(2), both async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // The worker may have died between fork and prctl: then nobody will send it.
+            if nix::unistd::getppid() != worker {
+                return Err(std::io::Error::other(
+                    "the worker exited before the job started",
+                ));
+            }
+            Ok(())
+        });
     }
 }
 

@@ -405,7 +405,17 @@ async fn a_job_on_a_killed_worker_is_retried_on_another_worker() {
     wait_for("the job to run", Duration::from_secs(30), || {
         (state_of(&cli, job) == "running").then_some(())
     });
+    let orphan: i32 = wait_for("the first attempt's pid", Duration::from_secs(10), || {
+        std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+    });
     doomed.kill_hard();
+    wait_for(
+        "the first attempt to die with its worker",
+        Duration::from_secs(5),
+        || (!alive(orphan)).then_some(()),
+    );
     let _healthy = server.join("healthy", &[]);
     assert_eq!(
         cli.run(&["wait", &job.to_string(), "--timeout", "60"]).code,
