@@ -50,13 +50,21 @@ pub(crate) fn read_config(path: &Path) -> Result<ConfigFile> {
 
 /// Writes the config file readable by its owner only (it holds a token).
 pub(crate) fn write_config(path: &Path, config: &ConfigFile) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let text = toml::to_string(config).context("cannot encode the config")?;
-    let tmp = path.with_extension("toml.tmp");
+    write_private(path, &text)
+}
+
+/// Writes a secret-bearing file as mode 0600, whole or not at all (a temporary file renamed
+/// into place, so a crash never leaves half a token).
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -1,7 +1,7 @@
 //! `gpulayer up`: one API replica, with an embedded PostgreSQL when no database URL is given,
 //! and optionally a worker in the same process.
 
-use crate::settings::{self, ConfigFile};
+use crate::settings;
 use anyhow::{Context, Result};
 use clap::Args;
 use std::net::SocketAddr;
@@ -111,7 +111,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     if let Some(t) = &admin_token {
         config.token = Some(t.clone());
     }
-    settings::write_config(&config_path, &ConfigFile { ..config })?;
+    settings::write_config(&config_path, &config)?;
 
     let join_command = format!("gpulayer join {url} --token {join_token}");
     if args.json {
@@ -285,22 +285,8 @@ async fn join_token(store: &Store, data_dir: &Path) -> Result<String> {
     }
     let secret = api::mint_secret("glj_");
     store.insert_token("join", Role::Join, &secret).await?;
-    write_private(&path, &secret)?;
+    settings::write_private(&path, &secret)?;
     Ok(secret)
-}
-
-fn write_private(path: &Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// An address others can dial: a wildcard listen address becomes this host's name.

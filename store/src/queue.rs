@@ -215,30 +215,16 @@ impl Store {
         // The common case in one statement: the attempt is this worker's and is not to be
         // retried. Everything else (a retry, a repeat, a cancel, a lost lease) takes the
         // slower path below.
-        let finished: Option<i64> = sqlx::query_scalar(
-            "WITH t AS (
-                 UPDATE tasks SET state = $4, exit_code = $5, reason = $6, finished_at = now()
-                 WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
-                   AND NOT ($7 AND retry_failed AND attempt < max_attempts)
-                 RETURNING job_id
-             ),
-             j AS (
-                 UPDATE jobs SET state = $4, exit_code = $5, reason = $6, finished_at = now() FROM t
-                 WHERE jobs.id = t.job_id AND jobs.state NOT IN ('succeeded', 'failed', 'cancelled')
-             ),
-             e AS (INSERT INTO events (job_id, worker_id, kind, detail) SELECT job_id, $3, $4, $6 FROM t)
-             SELECT t.job_id FROM t, pg_notify($8, t.job_id::text)",
-        )
-        .bind(task_id)
-        .bind(attempt)
-        .bind(worker_id)
-        .bind(state)
-        .bind(done.exit_code)
-        .bind(&reason)
-        .bind(!succeeded)
-        .bind(Channel::Job.name())
-        .fetch_optional(self.pool())
-        .await?;
+        let finish = Finish {
+            worker_id,
+            task_id,
+            attempt,
+            state,
+            exit_code: done.exit_code,
+            reason: reason.as_deref(),
+            failed: !succeeded,
+        };
+        let finished = finish.run(self.pool()).await?;
         if finished.is_some() {
             return Ok(());
         }
@@ -265,64 +251,36 @@ impl Store {
             tx.commit().await?;
             return Ok(());
         }
-        let job_id: Option<i64> = sqlx::query_scalar(
-            "UPDATE tasks SET state = $4, exit_code = $5, reason = $6, finished_at = now()
-             WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
-             RETURNING job_id",
+        // Owned and live but not a retry: it raced into shape since the first try.
+        if finish.run(&mut *tx).await?.is_some() {
+            tx.commit().await?;
+            return Ok(());
+        }
+        // Already finished by this very attempt (a repeated request), or cancelled meanwhile:
+        // fine, and the exit code is kept. Anything else is no longer this worker's.
+        let finished: Option<String> = sqlx::query_scalar(
+            "SELECT state FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
+             AND state IN ('succeeded', 'failed', 'cancelled')",
         )
         .bind(task_id)
         .bind(attempt)
         .bind(worker_id)
-        .bind(state)
-        .bind(done.exit_code)
-        .bind(&reason)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(job_id) = job_id else {
-            // Already finished by this very attempt (a retry), or cancelled meanwhile: fine.
-            let finished: Option<String> = sqlx::query_scalar(
-                "SELECT state FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
-                 AND state IN ('succeeded', 'failed', 'cancelled')",
-            )
-            .bind(task_id)
-            .bind(attempt)
-            .bind(worker_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if finished.is_some() {
-                sqlx::query("UPDATE tasks SET exit_code = coalesce(exit_code, $3) WHERE id = $1 AND attempt = $2")
-                    .bind(task_id)
-                    .bind(attempt)
-                    .bind(done.exit_code)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                return Ok(());
-            }
+        if finished.is_none() {
             return Err(StoreError::LeaseLost {
                 task: task_id,
                 attempt,
             });
-        };
+        }
         sqlx::query(
-            "UPDATE jobs SET state = $2, exit_code = $3, reason = $4, finished_at = now()
-             WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+            "UPDATE tasks SET exit_code = coalesce(exit_code, $3) WHERE id = $1 AND attempt = $2",
         )
-        .bind(job_id)
-        .bind(state)
+        .bind(task_id)
+        .bind(attempt)
         .bind(done.exit_code)
-        .bind(&reason)
         .execute(&mut *tx)
         .await?;
-        record_event(
-            &mut tx,
-            Some(job_id),
-            Some(worker_id),
-            state,
-            reason.as_deref(),
-        )
-        .await?;
-        notify(&mut tx, Channel::Job, Some(job_id)).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -463,6 +421,49 @@ pub(crate) async fn leased_job<'e>(
         task: task_id,
         attempt,
     })
+}
+
+/// Finishing one attempt: task, job, event and wake-up in one statement (one round trip,
+/// atomic on its own). Attempts of jobs that retry on failure are left alone when failed.
+struct Finish<'a> {
+    worker_id: i64,
+    task_id: i64,
+    attempt: i32,
+    state: &'a str,
+    exit_code: Option<i32>,
+    reason: Option<&'a str>,
+    failed: bool,
+}
+
+impl Finish<'_> {
+    /// The job's id when the attempt was finished; None when it was not this worker's live
+    /// attempt (or is to be retried).
+    async fn run<'e>(&self, executor: impl sqlx::PgExecutor<'e>) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "WITH t AS (
+                 UPDATE tasks SET state = $4, exit_code = $5, reason = $6, finished_at = now()
+                 WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
+                   AND NOT ($7 AND retry_failed AND attempt < max_attempts)
+                 RETURNING job_id
+             ),
+             j AS (
+                 UPDATE jobs SET state = $4, exit_code = $5, reason = $6, finished_at = now() FROM t
+                 WHERE jobs.id = t.job_id AND jobs.state NOT IN ('succeeded', 'failed', 'cancelled')
+             ),
+             e AS (INSERT INTO events (job_id, worker_id, kind, detail) SELECT job_id, $3, $4, $6 FROM t)
+             SELECT t.job_id FROM t, pg_notify($8, t.job_id::text)",
+        )
+        .bind(self.task_id)
+        .bind(self.attempt)
+        .bind(self.worker_id)
+        .bind(self.state)
+        .bind(self.exit_code)
+        .bind(self.reason)
+        .bind(self.failed)
+        .bind(Channel::Job.name())
+        .fetch_optional(executor)
+        .await?)
+    }
 }
 
 /// Puts tasks back in the queue while they have attempts left, failing them (and their jobs)

@@ -1,6 +1,6 @@
 //! A job's whole trip: submit, stage, run, logs, outputs, exit codes, cancel, lost workers.
 
-use crate::{repo_root, server};
+use crate::server;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use testkit::{ServerOptions, wait_for};
@@ -14,20 +14,7 @@ async fn the_hello_example_streams_its_logs_and_returns_its_outputs() {
     let server = server(ServerOptions::default()).await;
     let _worker = server.join("w1", &[]);
     let cli = server.cli();
-    let hello = repo_root().join("examples/hello");
-    let out = cli
-        .run(&[
-            "submit",
-            "--source",
-            hello.to_str().unwrap(),
-            "--output",
-            "hello-*.txt",
-            "--follow",
-            "--",
-            "python3",
-            "hello.py",
-        ])
-        .success();
+    let out = crate::submit_hello(&cli);
     assert!(
         out.stdout.contains("hello from GPUlayer job"),
         "{}",

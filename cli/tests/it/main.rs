@@ -30,3 +30,21 @@ pub(crate) fn repo_root() -> PathBuf {
         .expect("cli/ has a parent")
         .to_path_buf()
 }
+
+/// Submits examples/hello with its output glob and follows it to the end.
+pub(crate) fn submit_hello(cli: &testkit::Cli) -> testkit::CliOutput {
+    let hello = repo_root().join("examples/hello");
+    let source = hello.to_str().expect("a UTF-8 path");
+    cli.run(&[
+        "submit",
+        "--source",
+        source,
+        "--output",
+        "hello-*.txt",
+        "--follow",
+        "--",
+        "python3",
+        "hello.py",
+    ])
+    .success()
+}

@@ -1,7 +1,7 @@
 //! Sources and outputs in S3: a real S3-compatible server (moto's, from PyPI, which
 //! scripts/test installs into the test venv), not a mock.
 
-use crate::{repo_root, server};
+use crate::server;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use testkit::{ServerOptions, wait_for};
@@ -88,20 +88,7 @@ async fn sources_and_outputs_travel_through_s3() {
     .await;
     let _worker = server.join("w1", &[]);
     let cli = server.cli();
-    let hello = repo_root().join("examples/hello");
-    let out = cli
-        .run(&[
-            "submit",
-            "--source",
-            hello.to_str().unwrap(),
-            "--output",
-            "hello-*.txt",
-            "--follow",
-            "--",
-            "python3",
-            "hello.py",
-        ])
-        .success();
+    let out = crate::submit_hello(&cli);
     assert!(out.stdout.contains("line 5 of 5"));
     let job = cli
         .run(&["jobs", "--json", "--limit", "1"])
