@@ -87,6 +87,7 @@ impl From<store::StoreError> for ApiError {
             S::Conflict(what) => ApiError::Conflict(what),
             e @ S::LeaseLost { .. } => ApiError::LeaseLost(e.to_string()),
             e @ S::WorkerLost(_) => ApiError::WorkerLost(e.to_string()),
+            e @ S::PollSuperseded(_) => ApiError::Conflict(e.to_string()),
             S::Database(sqlx::Error::PoolTimedOut) => ApiError::Unavailable(
                 "the database is overloaded or unreachable; retry shortly".into(),
             ),

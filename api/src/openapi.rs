@@ -28,10 +28,8 @@ use utoipa::OpenApi;
         crate::worker_channel::deregister,
         crate::worker_channel::poll,
         crate::worker_channel::heartbeat,
-        crate::worker_channel::started,
         crate::worker_channel::append_logs,
         crate::worker_channel::upload_outputs,
-        crate::worker_channel::complete,
     ),
     components(schemas(protocol::LogStreamMessage))
 )]

@@ -43,6 +43,8 @@ pub struct AppState {
     pub tokens: Arc<crate::auth::TokenCache>,
     /// Workers' registration facts, read once per replica (they never change).
     pub worker_views: Arc<std::sync::Mutex<std::collections::HashMap<i64, scheduler::WorkerView>>>,
+    /// Held polls that one notification woke take turns to claim (see [`WokenClaims`]).
+    pub woken_claims: Arc<tokio::sync::Mutex<crate::worker_channel::WokenClaims>>,
 }
 
 impl AppState {
@@ -55,6 +57,7 @@ impl AppState {
             config: Arc::new(config),
             tokens: Arc::default(),
             worker_views: Arc::default(),
+            woken_claims: Arc::default(),
         }
     }
 }
@@ -92,20 +95,12 @@ pub fn router(state: AppState) -> Router {
             post(worker_channel::heartbeat),
         )
         .route(
-            "/workers/{worker}/tasks/{task}/attempts/{attempt}/started",
-            post(worker_channel::started),
-        )
-        .route(
             "/workers/{worker}/tasks/{task}/attempts/{attempt}/logs",
             post(worker_channel::append_logs),
         )
         .route(
             "/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs",
             put(worker_channel::upload_outputs),
-        )
-        .route(
-            "/workers/{worker}/tasks/{task}/attempts/{attempt}/complete",
-            post(worker_channel::complete),
         )
         // Sources and outputs stream to the object store; JSON bodies stay small.
         .layer(DefaultBodyLimit::max(16 * 1024 * 1024));

@@ -1,10 +1,11 @@
 //! The worker channel: workers dial out to these endpoints and never listen themselves.
 //!
-//! A worker registers once, then keeps one long poll open: the poll answers as soon as there
-//! is work for the worker's free slots or a stop order for one of its tasks (woken by NOTIFY,
-//! with a periodic re-check as a safety net), or when its wait runs out. Every call about a
-//! task names `(worker, task, attempt)`; a mismatch is `409 lease_lost` and the worker kills
-//! that process group.
+//! A worker registers once, then keeps one long poll open: the poll first records the starts
+//! and ends the worker reports, then answers as soon as there is work for the worker's free
+//! slots or a stop order for one of its tasks (woken by NOTIFY, with a periodic re-check as a
+//! safety net), or when its wait runs out. Every call about a task names `(worker, task,
+//! attempt)`; a mismatch is `409 lease_lost` (a refused end is listed in the answer's `lost`)
+//! and the worker kills that process group.
 
 use crate::auth::{Caller, Permission};
 use crate::error::{ApiError, ApiResult};
@@ -17,11 +18,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use domain::{Attempt, JobId, TaskId, WorkerId};
 use protocol::{
-    Assignment, CompleteRequest, HeartbeatRequest, LogBatch, PollRequest, PollResponse,
-    RegisterRequest, RegisterResponse, StopOrder, StopWhy, TaskLease, WorkerList, WorkerSummary,
+    Assignment, HeartbeatRequest, LogBatch, PollRequest, PollResponse, RegisterRequest,
+    RegisterResponse, StopOrder, StopWhy, TaskLease, TaskReports, WorkerList, WorkerSummary,
 };
 use std::time::Duration;
-use store::{Channel, Completion, StopReason, Wakeup};
+use store::{Channel, Completion, FinishReport, StartReport, StopReason, Wakeup};
 use tokio::time::Instant;
 
 /// The longest a poll is held open. Shorter than common proxy idle timeouts (60 s), so a
@@ -33,6 +34,9 @@ const POLL_SAFETY_RECHECK: Duration = Duration::from_secs(5);
 
 /// Most lines in one log batch; keeps one insert's arrays bounded.
 const MAX_LOG_BATCH: usize = 5000;
+
+/// Most reports (starts plus ends) in one poll; a worker has one per task it runs.
+const MAX_REPORTS: usize = 10_000;
 
 fn worker_name_ok(name: &str) -> bool {
     !name.is_empty()
@@ -169,7 +173,37 @@ fn stop_orders(found: Vec<(i64, i32, StopReason)>) -> Vec<StopOrder> {
         .collect()
 }
 
-/// The long poll: new work for the free slots, and stop orders for running tasks.
+/// The reports of a poll in the store's terms.
+fn store_reports(reports: TaskReports) -> (Vec<StartReport>, Vec<FinishReport>) {
+    let age = Duration::from_micros;
+    let started = reports
+        .started
+        .into_iter()
+        .map(|s| StartReport {
+            task_id: s.lease.task.0,
+            attempt: s.lease.attempt.0,
+            age: age(s.age_us),
+        })
+        .collect();
+    let finished = reports
+        .finished
+        .into_iter()
+        .map(|f| FinishReport {
+            task_id: f.lease.task.0,
+            attempt: f.lease.attempt.0,
+            completion: Completion {
+                exit_code: f.exit_code,
+                error: f.error,
+            },
+            started_age: f.started_age_us.map(age),
+            age: age(f.age_us),
+        })
+        .collect();
+    (started, finished)
+}
+
+/// The long poll: records the reported starts and ends, then answers with new work for the
+/// free slots and stop orders for running tasks.
 #[utoipa::path(post, path = "/v1/workers/{worker}/poll", request_body = PollRequest, responses((status = 200, body = PollResponse), (status = 410, body = protocol::ErrorBody)))]
 pub async fn poll(
     State(app): State<AppState>,
@@ -179,6 +213,11 @@ pub async fn poll(
 ) -> ApiResult<Json<PollResponse>> {
     caller.require(Permission::ActAsWorker)?;
     let req = json_body(body)?;
+    if req.reports.started.len() + req.reports.finished.len() > MAX_REPORTS {
+        return Err(ApiError::BadRequest(format!(
+            "at most {MAX_REPORTS} reports per poll"
+        )));
+    }
     let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_POLL_WAIT);
     let view = claiming_view(&app, worker).await?;
     let running: Vec<(i64, i32)> = req
@@ -188,53 +227,83 @@ pub async fn poll(
         .collect();
     // Subscribe before the first check so a NOTIFY between check and wait is not missed.
     let mut rx = app.hub.subscribe_work();
-    // A worker drops a held poll when one of its tasks ends (to poll again with the freed
-    // slot). Database work is shielded from that cancellation: a query cut off half way
-    // makes sqlx throw its connection away, and connections are expensive to replace.
-    let setup = {
-        let (store, running, free, reconcile) = (
-            app.store.clone(),
-            running.clone(),
-            req.free_slots,
-            req.reconcile,
-        );
-        async move {
-            // With a free slot, the claim records the heartbeat in its own transaction.
-            if free == 0 {
-                store.heartbeat(worker).await?;
-            }
-            if reconcile {
-                let ids: Vec<i64> = running.iter().map(|r| r.0).collect();
-                store.reconcile_worker_tasks(worker, &ids).await?;
-            }
-            Ok::<(), store::StoreError>(())
-        }
-    };
-    shielded(setup).await?;
+    // A poll that reports is answered at once, never held: the worker waits for that answer
+    // instead of dropping the poll for a newer one (which would wait on its locks, to record
+    // the same reports again).
+    let reports = !req.reports.is_empty();
+    let (started, finished) = store_reports(req.reports);
+    let (mut started, mut finished, mut reconcile) = (Some(started), Some(finished), req.reconcile);
+    // Set once the poll has waited: from then on it claims only when woken, in turn.
+    let mut woken_at: Option<Instant> = None;
+    let mut lost: Vec<TaskLease> = Vec::new();
     loop {
+        // A worker drops a held poll when it has news (to send it sooner). Database work is
+        // shielded from that cancellation: a query cut off half way makes sqlx throw its
+        // connection away, and connections are expensive to replace.
         let check = {
-            let (store, running, mut view, free) = (
+            let (store, running, mut view, free, seq, turns) = (
                 app.store.clone(),
                 running.clone(),
                 view.clone(),
                 req.free_slots,
+                req.poll_seq,
+                app.woken_claims.clone(),
             );
+            // The reports and the reconciliation go with the first round only.
+            let (started, finished) = (
+                started.take().unwrap_or_default(),
+                finished.take().unwrap_or_default(),
+            );
+            let reconcile = std::mem::take(&mut reconcile);
             async move {
-                let stop = store.stop_orders(worker, &running).await?;
                 let accelerators = view.inventory.runnable_accelerators();
-                let track_devices = !view.inventory.devices.is_empty();
-                let claimed = store
-                    .claim_batch(worker, &accelerators, free, track_devices, |spec, busy| {
-                        view.busy_devices = busy.to_vec();
-                        scheduler::fit_now(&view, spec).ok()
-                    })
-                    .await?;
-                Ok::<_, store::StoreError>((stop, claimed))
+                let round = store::PollRound {
+                    worker_id: worker,
+                    seq,
+                    running: &running,
+                    finished: &finished,
+                    started: &started,
+                    reconcile,
+                    accelerators: &accelerators,
+                    free_slots: free,
+                    track_devices: !view.inventory.devices.is_empty(),
+                };
+                let place = |spec: &domain::JobSpec, busy: &[u32]| {
+                    view.busy_devices = busy.to_vec();
+                    scheduler::fit_now(&view, spec).ok()
+                };
+                // Nothing awaits delivery to a held poll (its first round delivered it, and
+                // older polls are fenced off), so once woken it only looks for new work.
+                let _turn = match woken_at {
+                    Some(at) if free > 0 => {
+                        match WokenClaims::take_turn(&turns, &store, at, &accelerators).await? {
+                            Some(turn) => Some(turn),
+                            None => {
+                                let stop = store.stop_orders(worker, &running).await?;
+                                return Ok(store::RoundOutcome {
+                                    lost: vec![],
+                                    stop,
+                                    claimed: Some(vec![]),
+                                });
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                store.poll_round(&round, place).await
             }
         };
-        let (stop, claimed) = shielded(check).await?;
-        let stop = stop_orders(stop);
-        let assignments: Vec<Assignment> = claimed
+        let outcome = shielded(check).await?;
+        lost.extend(outcome.lost.into_iter().map(|(task, attempt)| TaskLease {
+            task: TaskId(task),
+            attempt: Attempt(attempt),
+        }));
+        let stop = stop_orders(outcome.stop);
+        // None: the worker has sent a newer poll, and nobody reads this answer any more.
+        let superseded = outcome.claimed.is_none();
+        let assignments: Vec<Assignment> = outcome
+            .claimed
+            .unwrap_or_default()
             .into_iter()
             .map(|c| Assignment {
                 job: JobId(c.job_id),
@@ -244,8 +313,18 @@ pub async fn poll(
                 devices: c.devices,
             })
             .collect();
-        if !stop.is_empty() || !assignments.is_empty() || Instant::now() >= deadline {
-            return Ok(Json(PollResponse { assignments, stop }));
+        if superseded
+            || reports
+            || !stop.is_empty()
+            || !assignments.is_empty()
+            || !lost.is_empty()
+            || Instant::now() >= deadline
+        {
+            return Ok(Json(PollResponse {
+                assignments,
+                stop,
+                lost,
+            }));
         }
         let relevant = |w: &Wakeup| {
             matches!(
@@ -260,8 +339,59 @@ pub async fn poll(
             _ = crate::hub::wait_for(&mut rx, relevant) => {}
             _ = tokio::time::sleep_until(deadline.min(Instant::now() + POLL_SAFETY_RECHECK)) => {}
         }
+        woken_at = Some(Instant::now());
         // No heartbeat here: every NOTIFY wakes every held poll, and the worker's own
         // heartbeats keep its lease; a lost worker is caught by the claim.
+    }
+}
+
+/// Held polls that one notification woke take turns to claim, each first learning whether
+/// work is left for it: a new job then costs one claim, not one per idle worker (the herd,
+/// which doubled the submit-to-start time with 32 idle workers), and the first one woken
+/// gets it soonest. What a turn learnt spares the later turns of the same wake-up a query.
+#[derive(Debug, Default)]
+pub struct WokenClaims {
+    /// When the latest turn began.
+    last_turn: Option<Instant>,
+    /// Nothing of these kinds was pending when a turn that began at this instant looked.
+    nothing_pending: Option<(Instant, Vec<domain::Accelerator>)>,
+}
+
+impl WokenClaims {
+    /// Whether a poll woken at `woken_at` that takes `kinds` must look for work: not when a
+    /// turn that began after it woke found nothing of those kinds (anything newer sends a
+    /// new notification, which wakes it again).
+    fn must_look(&self, woken_at: Instant, kinds: &[domain::Accelerator]) -> bool {
+        match &self.nothing_pending {
+            Some((at, empty)) => *at < woken_at || !kinds.iter().all(|k| empty.contains(k)),
+            None => true,
+        }
+    }
+
+    /// A woken poll's turn: the guard to hold while it claims, or None when no work of its
+    /// kinds is pending (then it claims nothing).
+    async fn take_turn<'a>(
+        turns: &'a tokio::sync::Mutex<WokenClaims>,
+        store: &store::Store,
+        woken_at: Instant,
+        kinds: &[domain::Accelerator],
+    ) -> Result<Option<tokio::sync::MutexGuard<'a, WokenClaims>>, store::StoreError> {
+        let mut turn = turns.lock().await;
+        let began = Instant::now();
+        // The first turn after a wake-up most likely finds the new work: it claims at once.
+        // Later turns look first (one cheap read) whether anything is left.
+        let first = turn.last_turn.is_none_or(|t| t < woken_at);
+        turn.last_turn = Some(began);
+        if !first {
+            if !turn.must_look(woken_at, kinds) {
+                return Ok(None);
+            }
+            if !store.work_pending(kinds).await? {
+                turn.nothing_pending = Some((began, kinds.to_vec()));
+                return Ok(None);
+            }
+        }
+        Ok(Some(turn))
     }
 }
 
@@ -293,21 +423,9 @@ pub async fn heartbeat(
         .collect();
     let stop = stop_orders(app.store.stop_orders(worker, &running).await?);
     Ok(Json(PollResponse {
-        assignments: vec![],
         stop,
+        ..PollResponse::default()
     }))
-}
-
-/// The task's process has started.
-#[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/started", responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
-pub async fn started(
-    State(app): State<AppState>,
-    caller: Caller,
-    Path((worker, task, attempt)): Path<(i64, i64, i32)>,
-) -> ApiResult<StatusCode> {
-    caller.require(Permission::ActAsWorker)?;
-    app.store.mark_running(worker, task, attempt).await?;
-    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Appends log lines (idempotent by `seq`).
@@ -350,26 +468,6 @@ pub async fn upload_outputs(
             .await?;
     app.store
         .set_outputs(worker, task, attempt, &key, bytes as i64)
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// The task ended.
-#[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/complete", request_body = CompleteRequest, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
-pub async fn complete(
-    State(app): State<AppState>,
-    caller: Caller,
-    Path((worker, task, attempt)): Path<(i64, i64, i32)>,
-    body: Result<Json<CompleteRequest>, JsonRejection>,
-) -> ApiResult<StatusCode> {
-    caller.require(Permission::ActAsWorker)?;
-    let req = json_body(body)?;
-    let done = Completion {
-        exit_code: req.exit_code,
-        error: req.error,
-    };
-    app.store
-        .complete_task(worker, task, attempt, &done)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

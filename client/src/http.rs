@@ -4,9 +4,8 @@ use crate::error::ClientError;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use protocol::{
-    CancelResponse, CompleteRequest, ErrorBody, HeartbeatRequest, JobList, JobView, LogBatch,
-    LogPage, PollRequest, PollResponse, RegisterRequest, RegisterResponse, SubmitRequest,
-    WorkerList,
+    CancelResponse, ErrorBody, HeartbeatRequest, JobList, JobView, LogBatch, LogPage, PollRequest,
+    PollResponse, RegisterRequest, RegisterResponse, SubmitRequest, WorkerList,
 };
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
@@ -459,19 +458,6 @@ impl Client {
         format!("/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/{what}")
     }
 
-    pub async fn task_started(
-        &self,
-        worker: i64,
-        task: i64,
-        attempt: i32,
-    ) -> Result<(), ClientError> {
-        self.post_no_content(
-            &Self::task_path(worker, task, attempt, "started"),
-            &serde_json::json!({}),
-        )
-        .await
-    }
-
     pub async fn append_logs(
         &self,
         worker: i64,
@@ -496,17 +482,6 @@ impl Client {
             |_| {},
         )
         .await
-    }
-
-    pub async fn complete_task(
-        &self,
-        worker: i64,
-        task: i64,
-        attempt: i32,
-        req: &CompleteRequest,
-    ) -> Result<(), ClientError> {
-        self.post_no_content(&Self::task_path(worker, task, attempt, "complete"), req)
-            .await
     }
 
     pub async fn deregister_worker(&self, worker: i64) -> Result<(), ClientError> {

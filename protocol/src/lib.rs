@@ -6,7 +6,7 @@
 //! # Layout
 //! - [`jobs`] — submitting, listing, cancelling jobs; job views.
 //! - [`logs`] — log lines, pages and the websocket stream's messages.
-//! - [`workers`] — the worker channel: register, poll, heartbeat, logs, completion.
+//! - [`workers`] — the worker channel: register, poll (with task reports), heartbeat, logs.
 //! - [`errors`] — the error body every non-2xx response carries.
 
 pub mod errors;
@@ -21,8 +21,9 @@ pub use jobs::{
 };
 pub use logs::{LogLine, LogPage, LogStreamMessage, Stream};
 pub use workers::{
-    Assignment, CompleteRequest, HeartbeatRequest, LogAppend, LogBatch, PollRequest, PollResponse,
-    RegisterRequest, RegisterResponse, StopOrder, StopWhy, TaskLease, WorkerList, WorkerSummary,
+    Assignment, HeartbeatRequest, LogAppend, LogBatch, PollRequest, PollResponse, RegisterRequest,
+    RegisterResponse, StopOrder, StopWhy, TaskFinished, TaskLease, TaskReports, TaskStarted,
+    WorkerList, WorkerSummary,
 };
 
 /// The path prefix of this protocol version.

@@ -43,17 +43,72 @@ pub struct TaskLease {
     pub attempt: Attempt,
 }
 
-/// `POST /v1/workers/{id}/poll` body: "here is what I run and how much room I have; answer
-/// when there is work or a stop order, or after `wait_ms`".
+/// `POST /v1/workers/{id}/poll` body: "here is what I run, how much room I have and what
+/// happened since my last answered poll; answer when there is work or a stop order, or after
+/// `wait_ms`".
+///
+/// A poll that carries reports is answered as soon as they are recorded; one that does not
+/// may be held until there is work or a stop order. A worker may drop a poll at any time (to
+/// send news sooner) and send a new one: reports are idempotent and repeated until a poll
+/// carrying them is answered, and tasks assigned for a dropped poll are delivered again by
+/// the next one (`poll_seq` fences the dropped poll off, so it assigns nothing after its
+/// successor has started).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct PollRequest {
     pub free_slots: u32,
     pub running: Vec<TaskLease>,
     pub wait_ms: u64,
-    /// Set on the first poll after registering and after a poll that failed: an answer may
-    /// have been lost, so the server compares `running` with what it assigned.
+    /// Set on the first poll after registering, and after a poll that failed or was dropped
+    /// while it could have claimed: its answer may have been lost. The server then hands out
+    /// again the tasks it assigned here that the worker does not run, and fails those it
+    /// thinks run here that the worker no longer runs.
     #[serde(default)]
     pub reconcile: bool,
+    /// Increases with every poll of one registration.
+    #[serde(default)]
+    pub poll_seq: u64,
+    /// Starts and ends of tasks not yet acknowledged by an answered poll.
+    #[serde(default)]
+    pub reports: TaskReports,
+}
+
+/// What happened to a worker's tasks, told in the next poll.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct TaskReports {
+    #[serde(default)]
+    pub started: Vec<TaskStarted>,
+    #[serde(default)]
+    pub finished: Vec<TaskFinished>,
+}
+
+impl TaskReports {
+    pub fn is_empty(&self) -> bool {
+        self.started.is_empty() && self.finished.is_empty()
+    }
+}
+
+/// A task's process started `age_us` microseconds before the poll was sent. Ages rather than
+/// timestamps, so the worker's clock never has to agree with the server's.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct TaskStarted {
+    #[serde(flatten)]
+    pub lease: TaskLease,
+    pub age_us: u64,
+}
+
+/// A task ended `age_us` microseconds before the poll was sent, after its last log line and
+/// its outputs were stored.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct TaskFinished {
+    #[serde(flatten)]
+    pub lease: TaskLease,
+    /// The process's exit code; for a signal, 128 + the signal number.
+    pub exit_code: Option<i32>,
+    /// Why the task failed before or around running, when it did (staging, spawn, upload).
+    pub error: Option<String>,
+    /// When its process started, if it did (a start not yet reported travels here).
+    pub started_age_us: Option<u64>,
+    pub age_us: u64,
 }
 
 /// One task handed to a worker.
@@ -95,6 +150,10 @@ pub struct StopOrder {
 pub struct PollResponse {
     pub assignments: Vec<Assignment>,
     pub stop: Vec<StopOrder>,
+    /// Finished reports the server refused: those tasks are no longer this worker's (their
+    /// lease was lost), so their results were dropped.
+    #[serde(default)]
+    pub lost: Vec<TaskLease>,
 }
 
 /// `POST /v1/workers/{id}/heartbeat` body.
@@ -115,15 +174,6 @@ pub struct LogAppend {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LogBatch {
     pub lines: Vec<LogAppend>,
-}
-
-/// `POST /v1/tasks/{task}/attempts/{attempt}/complete` body.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct CompleteRequest {
-    /// The process's exit code; for a signal, 128 + the signal number.
-    pub exit_code: Option<i32>,
-    /// Why the task failed before or around running, when it did (staging, spawn, upload).
-    pub error: Option<String>,
 }
 
 /// A worker as `gpulayer workers` shows it.

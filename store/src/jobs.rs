@@ -72,6 +72,19 @@ fn job_row(r: PgRow) -> Result<JobRow> {
     })
 }
 
+/// Jobs per insert statement of a large batch (see `Store::insert_jobs`): about 50 ms of
+/// writing, after which workers can start on them.
+const INSERT_CHUNK: usize = 1000;
+
+/// A key used before for a different job. Keys are stored as `<token>:<key>[:<i>]`; the
+/// caller knows only its own part.
+fn key_conflict(stored: &str, existing: i64) -> StoreError {
+    let key = stored.split_once(':').map(|(_, k)| k).unwrap_or(stored);
+    StoreError::Conflict(format!(
+        "idempotency key '{key}' was used for job {existing} with a different spec"
+    ))
+}
+
 impl Store {
     /// Inserts a pending job and its task and wakes the workers. With an idempotency key, a
     /// repeat of the same submit returns the first job instead of creating another.
@@ -88,10 +101,15 @@ impl Store {
         Ok(ids[0])
     }
 
-    /// Inserts many pending jobs in one transaction and a handful of statements (one array per
-    /// column), and wakes the workers once. `keys[i]` is job i's idempotency key, if any: a
-    /// repeat with the same key and the same spec returns the first job; the same key with a
-    /// different spec is `Conflict`. Returns the ids in input order.
+    /// Inserts many pending jobs, their tasks and events, and wakes the workers. `keys[i]` is
+    /// job i's idempotency key, if any: a repeat with the same key and the same spec returns
+    /// the first job; the same key with a different spec is `Conflict`, and then nothing is
+    /// inserted. Returns the ids in input order.
+    ///
+    /// Large batches go in chunks of `INSERT_CHUNK` jobs, a statement each (each atomic on
+    /// its own), so that workers start on the first jobs while the rest are written: 10,000
+    /// jobs in one statement kept every worker idle for 0.7 s. An interrupted batch is
+    /// completed by its retry under the same keys.
     pub async fn insert_jobs(
         &self,
         specs: &[JobSpec],
@@ -99,14 +117,48 @@ impl Store {
         keys: &[Option<String>],
     ) -> Result<Vec<i64>> {
         assert_eq!(specs.len(), keys.len(), "one key slot per spec");
-        let mut tx = self.begin().await?;
-        // Ids are drawn first so that every later statement knows job i's id.
-        let mut ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, $1)",
+        if specs.len() > 1 {
+            self.refuse_reused_keys(specs, keys).await?;
+        }
+        let mut ids = Vec::with_capacity(specs.len());
+        for start in (0..specs.len()).step_by(INSERT_CHUNK) {
+            let end = (start + INSERT_CHUNK).min(specs.len());
+            ids.extend(
+                self.insert_chunk(&specs[start..end], submitted_by, &keys[start..end])
+                    .await?,
+            );
+        }
+        Ok(ids)
+    }
+
+    /// `Conflict` when a key of the batch was used before for a different job.
+    async fn refuse_reused_keys(&self, specs: &[JobSpec], keys: &[Option<String>]) -> Result<()> {
+        let json: Vec<sqlx::types::Json<&JobSpec>> = specs.iter().map(sqlx::types::Json).collect();
+        let reused: Option<(String, i64)> = sqlx::query_as(
+            "SELECT j.idempotency_key, j.id
+             FROM unnest($1::text[], $2::jsonb[]) AS k(key, spec)
+             JOIN jobs j ON j.idempotency_key = k.key
+             WHERE j.spec <> k.spec
+             LIMIT 1",
         )
-        .bind(specs.len() as i64)
-        .fetch_all(&mut *tx)
+        .bind(keys)
+        .bind(&json)
+        .fetch_optional(self.pool())
         .await?;
+        match reused {
+            Some((key, existing)) => Err(key_conflict(&key, existing)),
+            None => Ok(()),
+        }
+    }
+
+    /// One statement's worth of `insert_jobs`: the jobs, their tasks and events, the wake-up.
+    /// A job whose key conflicts is not inserted by it.
+    async fn insert_chunk(
+        &self,
+        specs: &[JobSpec],
+        submitted_by: Option<i64>,
+        keys: &[Option<String>],
+    ) -> Result<Vec<i64>> {
         let names: Vec<Option<&str>> = specs
             .iter()
             .map(|s| s.name.as_ref().map(|n| n.as_str()))
@@ -114,27 +166,53 @@ impl Store {
         let json: Vec<sqlx::types::Json<&JobSpec>> = specs.iter().map(sqlx::types::Json).collect();
         let accelerators: Vec<&str> = specs.iter().map(|s| s.accelerator.as_str()).collect();
         let priorities: Vec<i32> = specs.iter().map(|s| s.priority).collect();
-        let inserted: Vec<i64> = sqlx::query_scalar(
-            "INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key, priority)
-             SELECT i.id, i.name, i.spec, i.accelerator, 'pending', $5, i.key, i.priority
-             FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::text[], $6::text[], $7::int[])
-                  AS i(id, name, spec, accelerator, key, priority)
-             ON CONFLICT (idempotency_key) DO NOTHING
-             RETURNING id",
+        let attempts: Vec<i32> = specs.iter().map(|s| s.max_attempts() as i32).collect();
+        let retry: Vec<bool> = specs.iter().map(|s| s.retry_failed).collect();
+        let plain: Vec<bool> = specs
+            .iter()
+            .map(|s| s.requirements.asks_only_for_the_kind(s.accelerator))
+            .collect();
+        let rows: Vec<(i64, bool)> = sqlx::query_as(
+            "WITH input AS MATERIALIZED (
+                 SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id, i.*
+                 FROM unnest($1::text[], $2::jsonb[], $3::text[], $5::text[], $6::int[], $7::int[], $8::bool[], $10::bool[])
+                      WITH ORDINALITY AS i(name, spec, accelerator, key, priority, max_attempts, retry_failed, plain, n)
+             ),
+             j AS (
+                 INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key, priority)
+                 SELECT id, name, spec, accelerator, 'pending', $4, key, priority FROM input
+                 ON CONFLICT (idempotency_key) DO NOTHING
+                 RETURNING id
+             ),
+             t AS (
+                 INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed, priority, plain)
+                 SELECT input.id, 'pending', input.accelerator, input.max_attempts, input.retry_failed, input.priority,
+                        input.plain
+                 FROM input JOIN j ON j.id = input.id
+             ),
+             e AS (INSERT INTO events (job_id, kind) SELECT id, 'submitted' FROM j)
+             -- One wake-up however many jobs: PostgreSQL folds identical notifications.
+             SELECT input.id, woken.id IS NOT NULL AS inserted
+             FROM input LEFT JOIN (SELECT j.id FROM j, pg_notify($9, '')) AS woken ON woken.id = input.id
+             ORDER BY input.n",
         )
-        .bind(&ids)
         .bind(&names)
         .bind(&json)
         .bind(&accelerators)
         .bind(submitted_by)
         .bind(keys)
         .bind(&priorities)
-        .fetch_all(&mut *tx)
+        .bind(&attempts)
+        .bind(&retry)
+        .bind(Channel::Work.name())
+        .bind(&plain)
+        .fetch_all(self.pool())
         .await?;
-        let inserted: std::collections::HashSet<i64> = inserted.into_iter().collect();
+        let mut ids = Vec::with_capacity(rows.len());
         // A job whose key was used before: the earlier job stands, if it is the same job.
-        for (i, id) in ids.iter_mut().enumerate() {
-            if inserted.contains(id) {
+        for (i, (id, inserted)) in rows.into_iter().enumerate() {
+            if inserted {
+                ids.push(id);
                 continue;
             }
             let key = keys[i].as_deref().unwrap_or_default();
@@ -142,50 +220,13 @@ impl Store {
                 sqlx::query_as("SELECT id, spec = $2 FROM jobs WHERE idempotency_key = $1")
                     .bind(key)
                     .bind(sqlx::types::Json(&specs[i]))
-                    .fetch_one(&mut *tx)
+                    .fetch_one(self.pool())
                     .await?;
             if !same {
-                return Err(StoreError::Conflict(format!(
-                    "idempotency key '{}' was used for job {existing} with a different spec",
-                    key.split_once(':').map(|(_, k)| k).unwrap_or(key)
-                )));
+                return Err(key_conflict(key, existing));
             }
-            *id = existing;
+            ids.push(existing);
         }
-        let new: Vec<usize> = (0..specs.len())
-            .filter(|i| inserted.contains(&ids[*i]))
-            .collect();
-        if !new.is_empty() {
-            let new_ids: Vec<i64> = new.iter().map(|&i| ids[i]).collect();
-            let new_accels: Vec<&str> = new.iter().map(|&i| accelerators[i]).collect();
-            let attempts: Vec<i32> = new
-                .iter()
-                .map(|&i| specs[i].max_attempts() as i32)
-                .collect();
-            let retry: Vec<bool> = new.iter().map(|&i| specs[i].retry_failed).collect();
-            let new_priorities: Vec<i32> = new.iter().map(|&i| priorities[i]).collect();
-            sqlx::query(
-                "INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed, priority)
-                 SELECT job_id, 'pending', accelerator, max_attempts, retry_failed, priority
-                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bool[], $5::int[])
-                      AS t(job_id, accelerator, max_attempts, retry_failed, priority)",
-            )
-            .bind(&new_ids)
-            .bind(&new_accels)
-            .bind(&attempts)
-            .bind(&retry)
-            .bind(&new_priorities)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO events (job_id, kind) SELECT unnest($1::bigint[]), 'submitted'",
-            )
-            .bind(&new_ids)
-            .execute(&mut *tx)
-            .await?;
-            notify(&mut tx, Channel::Work, None).await?;
-        }
-        tx.commit().await?;
         Ok(ids)
     }
 

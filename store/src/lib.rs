@@ -9,7 +9,9 @@
 //! # Layout
 //! - [`embedded`] — the private cluster `gpulayer up` runs when given no database URL.
 //! - [`jobs`] — inserting, reading, listing and cancelling jobs.
-//! - [`queue`] — claiming tasks for a worker, starting and completing them, stop orders.
+//! - [`queue`] — claiming tasks for a worker, stop orders, requeueing.
+//! - [`reports`] — recording the starts and ends workers report, a batch per statement.
+//! - [`poll`] — one poll's queue work (reports, stop orders, claim) in one transaction.
 //! - [`workers`] — registration, heartbeats, and the rescue of lost workers.
 //! - [`logs`] — appending and reading log lines.
 //! - [`tokens`] — bearer tokens, stored as sha256 only.
@@ -22,7 +24,9 @@ pub mod embedded;
 pub mod jobs;
 pub mod leader;
 pub mod logs;
+pub mod poll;
 pub mod queue;
+pub mod reports;
 pub mod tokens;
 pub mod wakeups;
 pub mod workers;
@@ -30,7 +34,9 @@ pub mod workers;
 pub use embedded::{EmbeddedError, EmbeddedPostgres};
 pub use jobs::{JobFilter, JobRow};
 pub use logs::{LogCursor, StoredLine};
-pub use queue::{Claimed, Completion, StopReason};
+pub use poll::{PollRound, RoundOutcome};
+pub use queue::{Claimed, PollContext, StopReason};
+pub use reports::{Completion, FinishReport, StartReport};
 pub use tokens::{Role, TokenRow};
 pub use wakeups::{Channel, Wakeup};
 pub use workers::{LostWorker, NewWorker, WorkerRow};
@@ -46,6 +52,11 @@ const POOL_MAX_CONNECTIONS: u32 = 16;
 /// How long a request waits for a free connection before failing with `Unavailable`.
 const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A connection idle for longer than this is pinged before it is handed out (one round trip):
+/// it may have died with a restart of the server. One in steady use is not: pinging every
+/// time (sqlx's default) added a round trip to every statement of the hot path.
+const PING_WHEN_IDLE_FOR: Duration = Duration::from_millis(500);
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The task's `(attempt, worker)` no longer matches: the worker must stop it.
@@ -59,6 +70,9 @@ pub enum StoreError {
     /// The worker was declared lost; it must register again.
     #[error("worker {0} was declared lost; register again")]
     WorkerLost(i64),
+    /// The worker has sent a newer poll than this one, which therefore claims nothing.
+    #[error("worker {0} has sent a newer poll")]
+    PollSuperseded(i64),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
@@ -83,6 +97,15 @@ impl Store {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_MAX_CONNECTIONS)
             .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > PING_WHEN_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options.clone())
             .await?;
         sqlx::migrate!("../migrations").run(&pool).await?;

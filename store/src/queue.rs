@@ -1,20 +1,107 @@
-//! The queue: claim a batch of tasks for a worker, start them, complete them, and tell a
-//! worker which of its tasks it must stop.
+//! The queue: claiming tasks for a worker, the stop orders for its running tasks, and putting
+//! tasks back in the queue when their attempt ends without a result.
 //!
 //! Claim and assignment happen in one transaction: a task is never "taken" without being
-//! assigned, so a crash at any point leaves it either pending or assigned, never lost.
+//! assigned, so a crash at any point leaves it either pending or assigned, never lost. A task
+//! assigned by a poll whose answer never reached the worker is handed out again by the
+//! worker's next poll (same attempt), so an answer lost on the way costs nothing.
+//!
+//! Two ways to claim. Jobs that ask for nothing but their accelerator kind (`plain`, most
+//! jobs) are claimed by one statement that also fences the poll and records the heartbeat.
+//! From the first candidate that asks for more (devices, frameworks, labels) on, and on
+//! workers with devices, each candidate is put to the scheduler before it is assigned.
 
 use crate::wakeups::{Channel, notify};
 use crate::{Result, Store, StoreError, record_event};
 use domain::{Accelerator, JobSpec};
-use sqlx::Row;
+use sqlx::{Postgres, Row, Transaction};
 
-/// How many candidates the claim reads per free slot. The store filters by accelerator kind;
-/// the scheduler may still turn a candidate down (e.g. too few devices), so read a few extra
-/// rather than come back empty while fitting work waits behind unfit work.
-const CANDIDATES_PER_SLOT: i64 = 4;
+/// How many candidates a claim that asks the scheduler locks per free slot: it may turn a
+/// candidate down (e.g. too few devices), so read a few extra rather than come back empty
+/// while fitting work waits behind unfit work. Every extra row stays locked until the claim
+/// commits, and concurrent claims skip over it, so keep it low.
+const CANDIDATES_PER_SLOT: i64 = 2;
 
-/// A task just assigned to the claiming worker.
+/// Opens the transaction of a poll's queue work (claims, reports, stop orders).
+///
+/// The claim must walk the claimable index in order and stop after a few rows. With stale
+/// statistics (a queue table swings from empty to thousands of rows between autovacuum's
+/// analyses) the planner believes few rows are pending and reads and sorts all of them
+/// instead: 1.7 ms a claim at 10,000 pending, measured. Sorting is turned off for this
+/// transaction only, which leaves the ordered index as the cheapest plan; so is JIT, which
+/// the resulting "disabled" cost estimates would otherwise trigger (1.4 s of compiling per
+/// claim, measured). No other query here may ask for an order: without a sort it would walk
+/// a whole index in that order instead.
+///
+/// Plans are generic. The batch statements take arrays whose lengths change from call to
+/// call, so PostgreSQL would plan them afresh every time, for the same plan (0.5 ms each for
+/// the one that records ends, a fifth of the database's time per job, measured). A generic
+/// plan knows no array length and trusts the stale statistics, so sequential scans are off
+/// too: every statement here has an index to go by, and tests pin the plans of the hot ones.
+pub(crate) const ROUND_BEGIN: &str = "BEGIN; SET LOCAL enable_sort = off; \
+     SET LOCAL enable_seqscan = off; SET LOCAL jit = off; \
+     SET LOCAL plan_cache_mode = force_generic_plan";
+
+/// The candidates of a claim that asks the scheduler, locked in queue order. The CTE fences
+/// the LIMIT: without it the planner may evaluate the locking subquery more than once and
+/// lock more rows than asked for.
+const CLAIM_CANDIDATES: &str = "WITH c AS (
+         SELECT id FROM tasks
+         WHERE state = 'pending' AND accelerator = ANY($1)
+         ORDER BY priority DESC, id
+         LIMIT $2
+         FOR NO KEY UPDATE SKIP LOCKED
+     )
+     SELECT t.id, t.job_id, t.attempt, t.priority, j.spec
+     FROM c JOIN tasks t ON t.id = c.id JOIN jobs j ON j.id = t.job_id";
+
+/// The state of each task a worker says it runs: $1 tasks, $2 attempts, $3 worker.
+const STOP_ORDERS: &str =
+    "SELECT r.task, r.attempt, t.state, (t.attempt = r.attempt AND t.worker_id = $3) AS mine
+     FROM unnest($1::bigint[], $2::int[]) AS r(task, attempt)
+     LEFT JOIN tasks t ON t.id = r.task";
+
+/// Fences the poll and records the heartbeat (see `fence`): $1 worker, $2 poll sequence.
+const FENCE_POLL: &str = "UPDATE worker_heartbeats h SET last_seen = now(), poll_seq = $2
+     FROM workers w
+     WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online' AND h.poll_seq <= $2
+     RETURNING 1";
+
+/// A claim of plain jobs in one statement: $1 worker, $2 poll sequence number, $3
+/// accelerator kinds, $4 how many. It fences the poll and records the heartbeat (`h`: no row
+/// when the worker is not online or has sent a newer poll, and then nothing else happens),
+/// and assigns the plain candidates ahead of the first one that is not. The last row, all
+/// NULLs but `needs_scheduler`, says `h` matched, and whether such a candidate was met. The
+/// locking CTE is materialized so that it runs once, as the fence its LIMIT needs.
+const CLAIM_PLAIN: &str = "WITH h AS (
+         UPDATE worker_heartbeats h SET last_seen = now(), poll_seq = $2
+         FROM workers w
+         WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online' AND h.poll_seq <= $2
+         RETURNING h.worker_id
+     ),
+     c AS MATERIALIZED (
+         SELECT id, plain, priority FROM tasks
+         WHERE state = 'pending' AND accelerator = ANY($3) AND EXISTS (SELECT 1 FROM h)
+         ORDER BY priority DESC, id
+         LIMIT $4
+         FOR NO KEY UPDATE SKIP LOCKED
+     ),
+     a AS (
+         UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = tasks.attempt + 1,
+             assigned_at = now(), started_at = NULL, exit_code = NULL, reason = NULL, devices = '{}'
+         FROM c
+         WHERE tasks.id = c.id
+           AND NOT EXISTS (SELECT 1 FROM c AS f WHERE NOT f.plain AND (-f.priority, f.id) <= (-c.priority, c.id))
+         RETURNING tasks.id, tasks.job_id, tasks.attempt
+     ),
+     j AS (UPDATE jobs SET state = 'assigned' FROM a WHERE jobs.id = a.job_id AND jobs.state = 'pending'),
+     e AS (INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $1, 'assigned' FROM a)
+     SELECT a.id, a.job_id, a.attempt, jobs.spec, NULL::bool AS needs_scheduler
+     FROM a JOIN jobs ON jobs.id = a.job_id
+     UNION ALL
+     SELECT NULL, NULL, NULL, NULL, EXISTS (SELECT 1 FROM c WHERE NOT plain) FROM h";
+
+/// A task just assigned to the claiming worker (or handed out again).
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub job_id: i64,
@@ -25,11 +112,15 @@ pub struct Claimed {
     pub devices: Vec<u32>,
 }
 
-/// How a task ended, as its worker reports it.
-#[derive(Debug, Clone)]
-pub struct Completion {
-    pub exit_code: Option<i32>,
-    pub error: Option<String>,
+/// Which poll a claim answers: its sequence number (a claim for a poll older than the
+/// worker's newest assigns nothing), the tasks the worker runs, and whether an earlier
+/// poll's answer may have been lost (then assigned tasks that it does not run are handed out
+/// again).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PollContext<'a> {
+    pub seq: u64,
+    pub running: &'a [i64],
+    pub redeliver: bool,
 }
 
 /// Whether a running task must stop, and why.
@@ -40,249 +131,88 @@ pub enum StopReason {
 }
 
 impl Store {
-    /// Claims up to `free_slots` pending tasks whose accelerator this worker offers, asking
-    /// `place(spec, busy_devices)` for each candidate which devices it would get (None: not
-    /// this one), and assigns them to `worker_id` in the same transaction. Also records the
-    /// worker's heartbeat. `track_devices` is false for a worker without devices, which
-    /// skips reading what its tasks hold.
+    /// Claims up to `free_slots` tasks for `worker_id` in a transaction of its own; see
+    /// [`claim_in`].
     pub async fn claim_batch(
         &self,
         worker_id: i64,
         accelerators: &[Accelerator],
         free_slots: u32,
         track_devices: bool,
-        mut place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
+        poll: PollContext<'_>,
+        place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
     ) -> Result<Vec<Claimed>> {
-        if free_slots == 0 {
-            return Ok(vec![]);
-        }
-        let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
-        let mut tx = self.begin().await?;
-        // Touching the worker's heartbeat row does three things at once: it records that the
-        // worker is alive, it refuses a worker declared lost (its lease is gone, it takes
-        // nothing), and its row lock serialises claims for one worker (a retried poll racing
-        // the original), so two claims never hand out the same device.
-        let alive: Option<i32> = sqlx::query_scalar(
-            "UPDATE worker_heartbeats h SET last_seen = now()
-             FROM workers w
-             WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online'
-             RETURNING 1",
+        let mut tx = self.pool().begin_with(ROUND_BEGIN).await?;
+        let claimed = claim_in(
+            &mut tx,
+            worker_id,
+            accelerators,
+            free_slots,
+            track_devices,
+            poll,
+            place,
         )
-        .bind(worker_id)
-        .fetch_optional(&mut *tx)
         .await?;
-        if alive.is_none() {
-            return Err(StoreError::WorkerLost(worker_id));
-        }
-        let mut busy: Vec<u32> = if track_devices {
-            let held: Vec<i32> = sqlx::query_scalar(
-                "SELECT d FROM tasks t, unnest(t.devices) AS d
-                 WHERE t.worker_id = $1 AND t.state IN ('assigned', 'running')",
-            )
-            .bind(worker_id)
-            .fetch_all(&mut *tx)
-            .await?;
-            held.into_iter().map(|d| d as u32).collect()
-        } else {
-            vec![]
-        };
-        // The CTE fences the LIMIT: without it the planner may evaluate the locking subquery
-        // more than once and lock more rows than asked for.
-        let rows = sqlx::query(
-            "WITH c AS (
-                 SELECT id FROM tasks
-                 WHERE state = 'pending' AND accelerator = ANY($1)
-                 ORDER BY priority DESC, id
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED
-             )
-             SELECT t.id, t.job_id, t.attempt, j.spec
-             FROM c JOIN tasks t ON t.id = c.id JOIN jobs j ON j.id = t.job_id
-             ORDER BY t.priority DESC, t.id",
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    /// Whether any task of these accelerator kinds is waiting: one cheap read, so that idle
+    /// workers woken together need not each run a claim to learn that one of them took it.
+    pub async fn work_pending(&self, accelerators: &[Accelerator]) -> Result<bool> {
+        let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'pending' AND accelerator = ANY($1))",
         )
         .bind(&kinds)
-        .bind(i64::from(free_slots) * CANDIDATES_PER_SLOT)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut chosen: Vec<Claimed> = Vec::new();
-        for r in rows {
-            if chosen.len() as u32 >= free_slots {
-                break;
-            }
-            let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
-            if let Some(devices) = place(&spec.0, &busy) {
-                busy.extend(&devices);
-                chosen.push(Claimed {
-                    job_id: r.get("job_id"),
-                    task_id: r.get("id"),
-                    attempt: r.get::<i32, _>("attempt") + 1,
-                    spec: spec.0,
-                    devices,
-                });
-            }
-        }
-        if chosen.is_empty() {
-            // Commit all the same: the heartbeat stands.
-            tx.commit().await?;
-            return Ok(chosen);
-        }
-        let task_ids: Vec<i64> = chosen.iter().map(|c| c.task_id).collect();
-        let attempts: Vec<i32> = chosen.iter().map(|c| c.attempt).collect();
-        // Device lists as array literals: PostgreSQL arrays of arrays must be rectangular.
-        let devices: Vec<String> = chosen
-            .iter()
-            .map(|c| {
-                format!(
-                    "{{{}}}",
-                    c.devices
-                        .iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                )
-            })
-            .collect();
-        sqlx::query(
-            "WITH u AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[]) AS u(id, attempt, devices)),
-             t AS (
-                 UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = u.attempt, assigned_at = now(),
-                                  started_at = NULL, exit_code = NULL, reason = NULL, devices = u.devices::int[]
-                 FROM u WHERE tasks.id = u.id
-                 RETURNING tasks.job_id
-             ),
-             j AS (UPDATE jobs SET state = 'assigned' FROM t WHERE jobs.id = t.job_id AND jobs.state = 'pending')
-             INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $1, 'assigned' FROM t",
-        )
-        .bind(worker_id)
-        .bind(&task_ids)
-        .bind(&attempts)
-        .bind(&devices)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(chosen)
+        .fetch_one(self.pool())
+        .await?)
     }
 
-    /// The worker started the task's process.
-    pub async fn mark_running(&self, worker_id: i64, task_id: i64, attempt: i32) -> Result<()> {
-        // One statement (so one round trip, atomic on its own) on the per-job hot path. No
-        // NOTIFY: log followers wait for lines and for the end, not for the start.
-        let job_id: Option<i64> = sqlx::query_scalar(
-            "WITH t AS (
-                 UPDATE tasks SET state = 'running', started_at = now()
-                 WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'assigned'
-                 RETURNING job_id
-             ),
-             j AS (
-                 UPDATE jobs SET state = 'running' FROM t
-                 WHERE jobs.id = t.job_id AND jobs.state IN ('pending', 'assigned')
-             ),
-             e AS (INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $3, 'running' FROM t)
-             SELECT job_id FROM t",
-        )
-        .bind(task_id)
-        .bind(attempt)
-        .bind(worker_id)
-        .fetch_optional(self.pool())
-        .await?;
-        match job_id {
-            Some(_) => Ok(()),
-            None => Err(StoreError::LeaseLost {
-                task: task_id,
-                attempt,
-            }),
+    /// The plans of the hot statements as a poll runs them (its transaction's settings, with
+    /// sample arguments), by name, for tests that pin them. Changes nothing.
+    #[doc(hidden)]
+    pub async fn hot_plans(&self, accelerators: &[Accelerator]) -> Result<Vec<(String, String)>> {
+        use crate::reports::{FINISH_BATCH, RECORD_STARTS};
+        let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
+        let kinds = format!("'{{{}}}'::text[]", kinds.join(","));
+        let mut tx = self.pool().begin_with(ROUND_BEGIN).await?;
+        let mut plans = Vec::new();
+        for (name, statement, args) in [
+            ("claim_each", CLAIM_CANDIDATES, format!("{kinds}, 8")),
+            ("claim_plain", CLAIM_PLAIN, format!("1, 1, {kinds}, 4")),
+            (
+                "record_starts",
+                RECORD_STARTS,
+                "1, '{1,2}', '{1,1}', '{0,0}'".to_string(),
+            ),
+            (
+                "finish_batch",
+                FINISH_BATCH,
+                "1, '{1,2}', '{1,1}', '{succeeded,failed}', '{0,1}', '{NULL,x}', '{f,t}', \
+                 '{0,0}', '{0,0}', 'gpulayer_job'"
+                    .to_string(),
+            ),
+            (
+                "stop_orders",
+                STOP_ORDERS,
+                "'{1,2}', '{1,1}', 1".to_string(),
+            ),
+        ] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "PREPARE {name} AS {statement}"
+            )))
+            .execute(&mut *tx)
+            .await?;
+            let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN EXECUTE {name}({args})"
+            )))
+            .fetch_all(&mut *tx)
+            .await?;
+            plans.push((name.to_string(), lines.join("\n")));
         }
-    }
-
-    /// Records how the task ended and finishes its job. Repeating the same completion (a
-    /// retried request) is a no-op; completing a task that was cancelled keeps it cancelled.
-    pub async fn complete_task(
-        &self,
-        worker_id: i64,
-        task_id: i64,
-        attempt: i32,
-        done: &Completion,
-    ) -> Result<()> {
-        let succeeded = done.exit_code == Some(0) && done.error.is_none();
-        let state = if succeeded { "succeeded" } else { "failed" };
-        let reason = match (&done.error, done.exit_code) {
-            (Some(e), _) => Some(e.clone()),
-            (None, Some(0)) => None,
-            (None, Some(code)) if code > 128 => Some(format!("killed by signal {}", code - 128)),
-            (None, Some(code)) => Some(format!("exited with code {code}")),
-            (None, None) => Some("ended without an exit code".to_string()),
-        };
-        // The common case in one statement: the attempt is this worker's and is not to be
-        // retried. Everything else (a retry, a repeat, a cancel, a lost lease) takes the
-        // slower path below.
-        let finish = Finish {
-            worker_id,
-            task_id,
-            attempt,
-            state,
-            exit_code: done.exit_code,
-            reason: reason.as_deref(),
-            failed: !succeeded,
-        };
-        let finished = finish.run(self.pool()).await?;
-        if finished.is_some() {
-            return Ok(());
-        }
-        let mut tx = self.begin().await?;
-        // A failed attempt of a job that asked for retries on failure goes back to the queue.
-        let retry: Option<bool> = sqlx::query_scalar(
-            "SELECT retry_failed AND attempt < max_attempts FROM tasks
-             WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
-             FOR UPDATE",
-        )
-        .bind(task_id)
-        .bind(attempt)
-        .bind(worker_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if retry == Some(true) && !succeeded {
-            let why = reason.clone().unwrap_or_else(|| "failed".into());
-            sqlx::query("UPDATE tasks SET exit_code = $2 WHERE id = $1")
-                .bind(task_id)
-                .bind(done.exit_code)
-                .execute(&mut *tx)
-                .await?;
-            requeue_or_fail(&mut tx, &[task_id], &[format!("attempt {attempt} {why}")]).await?;
-            tx.commit().await?;
-            return Ok(());
-        }
-        // Owned and live but not a retry: it raced into shape since the first try.
-        if finish.run(&mut *tx).await?.is_some() {
-            tx.commit().await?;
-            return Ok(());
-        }
-        // Already finished by this very attempt (a repeated request), or cancelled meanwhile:
-        // fine, and the exit code is kept. Anything else is no longer this worker's.
-        let finished: Option<String> = sqlx::query_scalar(
-            "SELECT state FROM tasks WHERE id = $1 AND attempt = $2 AND worker_id = $3
-             AND state IN ('succeeded', 'failed', 'cancelled')",
-        )
-        .bind(task_id)
-        .bind(attempt)
-        .bind(worker_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if finished.is_none() {
-            return Err(StoreError::LeaseLost {
-                task: task_id,
-                attempt,
-            });
-        }
-        sqlx::query(
-            "UPDATE tasks SET exit_code = coalesce(exit_code, $3) WHERE id = $1 AND attempt = $2",
-        )
-        .bind(task_id)
-        .bind(attempt)
-        .bind(done.exit_code)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        tx.rollback().await?;
+        Ok(plans)
     }
 
     /// Checks that the task is still this worker's current attempt (for uploads).
@@ -320,84 +250,334 @@ impl Store {
         Ok(())
     }
 
-    /// Called at the start of each long poll with the tasks the worker says it runs. A task
-    /// assigned to it that it does not list was handed out in a poll answer that never
-    /// reached it: put it back in the queue. A running task it does not list was forgotten
-    /// (its process is gone): fail it. Returns the number of tasks touched.
-    pub async fn reconcile_worker_tasks(&self, worker_id: i64, running: &[i64]) -> Result<u64> {
-        let mut tx = self.begin().await?;
-        let requeued: Vec<i64> = sqlx::query_scalar(
-            "UPDATE tasks SET state = 'pending', worker_id = NULL, assigned_at = NULL
-             WHERE worker_id = $1 AND state = 'assigned' AND id <> ALL($2)
-             RETURNING job_id",
-        )
-        .bind(worker_id)
-        .bind(running)
-        .fetch_all(&mut *tx)
-        .await?;
-        if !requeued.is_empty() {
-            sqlx::query(
-                "UPDATE jobs SET state = 'pending' WHERE id = ANY($1) AND state = 'assigned'",
-            )
-            .bind(&requeued)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query("INSERT INTO events (job_id, worker_id, kind, detail) SELECT unnest($1::bigint[]), $2, 'requeued', 'the assignment never reached the worker'")
-                .bind(&requeued)
-                .bind(worker_id)
-                .execute(&mut *tx)
-                .await?;
-            notify(&mut tx, Channel::Work, None).await?;
-        }
-        let forgotten: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE worker_id = $1 AND state = 'running' AND id <> ALL($2)
-             ORDER BY id FOR UPDATE",
-        )
-        .bind(worker_id)
-        .bind(running)
-        .fetch_all(&mut *tx)
-        .await?;
-        let reasons = vec!["the worker no longer runs this task".to_string(); forgotten.len()];
-        requeue_or_fail(&mut tx, &forgotten, &reasons).await?;
+    /// See [`fail_forgotten_in`].
+    pub async fn fail_forgotten_tasks(&self, worker_id: i64, running: &[i64]) -> Result<u64> {
+        let mut tx = self.pool().begin_with(ROUND_BEGIN).await?;
+        let touched = fail_forgotten_in(&mut tx, worker_id, running).await?;
         tx.commit().await?;
-        Ok((requeued.len() + forgotten.len()) as u64)
+        Ok(touched)
     }
 
-    /// Of the tasks a worker says it runs, those it must stop: cancelled ones, and ones that
-    /// are no longer its current attempt.
+    /// See [`stop_orders_in`].
     pub async fn stop_orders(
         &self,
         worker_id: i64,
         running: &[(i64, i32)],
     ) -> Result<Vec<(i64, i32, StopReason)>> {
-        if running.is_empty() {
-            return Ok(vec![]);
+        stop_orders_in(self.pool(), worker_id, running).await
+    }
+}
+
+/// Claims up to `free_slots` pending tasks whose accelerator this worker offers and assigns
+/// them to `worker_id`, asking `place(spec, busy_devices)` which devices a candidate would
+/// get (None: not this one) unless it is plain. With `poll.redeliver`, tasks already
+/// assigned to the worker that `poll.running` does not list come first: an earlier answer
+/// carrying them never arrived. Also records the worker's heartbeat. `track_devices` is
+/// false for a worker without devices. Fails with `PollSuperseded` when the worker has sent
+/// a newer poll (having written nothing), and with `WorkerLost` when it was declared lost.
+pub(crate) async fn claim_in(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+    accelerators: &[Accelerator],
+    free_slots: u32,
+    track_devices: bool,
+    poll: PollContext<'_>,
+    place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
+) -> Result<Vec<Claimed>> {
+    if free_slots == 0 {
+        // Nothing can be waiting for delivery either: a worker's free slots always cover the
+        // tasks assigned to it that it has not received.
+        return Ok(vec![]);
+    }
+    let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
+    let mut claimed = Vec::new();
+    if poll.redeliver || track_devices {
+        // Fenced in a statement of its own: what the next statements read is then newer than
+        // any claim of an older poll, which took the same row lock first or never will.
+        fence(tx, worker_id, poll.seq).await?;
+        if poll.redeliver {
+            claimed = undelivered(tx, worker_id, poll.running).await?;
         }
-        let tasks: Vec<i64> = running.iter().map(|r| r.0).collect();
-        let attempts: Vec<i32> = running.iter().map(|r| r.1).collect();
-        let rows = sqlx::query(
-            "SELECT r.task, r.attempt, t.state, (t.attempt = r.attempt AND t.worker_id = $3) AS mine
-             FROM unnest($1::bigint[], $2::int[]) AS r(task, attempt)
-             LEFT JOIN tasks t ON t.id = r.task",
+    }
+    let mut left = (free_slots as usize).saturating_sub(claimed.len());
+    if left > 0 && !track_devices {
+        let (plain, needs_scheduler) = claim_plain(tx, worker_id, poll.seq, &kinds, left).await?;
+        left -= plain.len().min(left);
+        claimed.extend(plain);
+        if !needs_scheduler {
+            left = 0;
+        }
+    }
+    if left > 0 {
+        let more = claim_each(tx, worker_id, &kinds, left, track_devices, place).await?;
+        claimed.extend(more);
+    }
+    Ok(claimed)
+}
+
+/// Records the heartbeat, refusing a worker declared lost and a poll the worker has
+/// replaced. Its row lock serialises claims for one worker, so two claims never hand out the
+/// same device and a newer poll sees everything an older one assigned.
+async fn fence(tx: &mut Transaction<'_, Postgres>, worker_id: i64, seq: u64) -> Result<()> {
+    let alive: Option<i32> = sqlx::query_scalar(FENCE_POLL)
+        .bind(worker_id)
+        .bind(seq as i64)
+        .fetch_optional(&mut **tx)
+        .await?;
+    match alive {
+        Some(_) => Ok(()),
+        None => Err(why_not_claiming(tx, worker_id).await?),
+    }
+}
+
+/// Tasks assigned to the worker that it does not run: handed out by an answer that never
+/// reached it. Handed out again, same attempt.
+async fn undelivered(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+    running: &[i64],
+) -> Result<Vec<Claimed>> {
+    let mut tasks: Vec<Claimed> = sqlx::query(
+        "SELECT t.id, t.job_id, t.attempt, t.devices, j.spec
+         FROM tasks t JOIN jobs j ON j.id = t.job_id
+         WHERE t.worker_id = $1 AND t.state = 'assigned' AND t.id <> ALL($2)",
+    )
+    .bind(worker_id)
+    .bind(running)
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .map(|r| {
+        let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
+        let devices: Vec<i32> = r.try_get("devices")?;
+        Ok(Claimed {
+            job_id: r.try_get("job_id")?,
+            task_id: r.try_get("id")?,
+            attempt: r.try_get("attempt")?,
+            spec: spec.0,
+            devices: devices.into_iter().map(|d| d as u32).collect(),
+        })
+    })
+    .collect::<Result<_>>()?;
+    // Sorted here: the database does not sort in this transaction (see ROUND_BEGIN).
+    tasks.sort_by_key(|c| c.task_id);
+    Ok(tasks)
+}
+
+/// The one-statement claim of up to `wanted` plain jobs (`CLAIM_PLAIN`), which also fences
+/// the poll. Also says whether a candidate that needs the scheduler stopped it.
+async fn claim_plain(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+    seq: u64,
+    kinds: &[&str],
+    wanted: usize,
+) -> Result<(Vec<Claimed>, bool)> {
+    let rows = sqlx::query(CLAIM_PLAIN)
+        .bind(worker_id)
+        .bind(seq as i64)
+        .bind(kinds)
+        .bind(wanted as i64)
+        .fetch_all(&mut **tx)
+        .await?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    let mut needs_scheduler = None;
+    for r in rows {
+        let Some(task_id) = r.try_get::<Option<i64>, _>("id")? else {
+            needs_scheduler = r.try_get::<Option<bool>, _>("needs_scheduler")?;
+            continue;
+        };
+        let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
+        claimed.push(Claimed {
+            job_id: r.try_get("job_id")?,
+            task_id,
+            attempt: r.try_get("attempt")?,
+            spec: spec.0,
+            devices: vec![],
+        });
+    }
+    let Some(needs_scheduler) = needs_scheduler else {
+        return Err(why_not_claiming(tx, worker_id).await?);
+    };
+    // Sorted here: the database does not sort in this transaction (see ROUND_BEGIN).
+    claimed.sort_by_key(|c| c.task_id);
+    Ok((claimed, needs_scheduler))
+}
+
+/// The claim that asks `place` about each candidate before assigning it, with the devices
+/// it chose: for workers with devices, and for candidates that are not plain. The poll is
+/// fenced already.
+async fn claim_each(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+    kinds: &[&str],
+    wanted: usize,
+    track_devices: bool,
+    mut place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
+) -> Result<Vec<Claimed>> {
+    let mut busy: Vec<u32> = if track_devices {
+        let held: Vec<i32> = sqlx::query_scalar(
+            "SELECT d FROM tasks t, unnest(t.devices) AS d
+             WHERE t.worker_id = $1 AND t.state IN ('assigned', 'running')",
         )
+        .bind(worker_id)
+        .fetch_all(&mut **tx)
+        .await?;
+        held.into_iter().map(|d| d as u32).collect()
+    } else {
+        vec![]
+    };
+    let mut rows = sqlx::query(CLAIM_CANDIDATES)
+        .bind(kinds)
+        .bind(wanted as i64 * CANDIDATES_PER_SLOT)
+        .fetch_all(&mut **tx)
+        .await?;
+    // In queue order (sorted here: the database does not sort in this transaction).
+    rows.sort_by_key(|r| {
+        (
+            std::cmp::Reverse(r.get::<i32, _>("priority")),
+            r.get::<i64, _>("id"),
+        )
+    });
+    let mut chosen: Vec<Claimed> = Vec::new();
+    for r in rows {
+        if chosen.len() >= wanted {
+            break;
+        }
+        let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
+        if let Some(devices) = place(&spec.0, &busy) {
+            busy.extend(&devices);
+            chosen.push(Claimed {
+                job_id: r.get("job_id"),
+                task_id: r.get("id"),
+                attempt: r.get::<i32, _>("attempt") + 1,
+                spec: spec.0,
+                devices,
+            });
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(chosen);
+    }
+    let task_ids: Vec<i64> = chosen.iter().map(|c| c.task_id).collect();
+    let attempts: Vec<i32> = chosen.iter().map(|c| c.attempt).collect();
+    // Device lists as array literals: PostgreSQL arrays of arrays must be rectangular.
+    let devices: Vec<String> = chosen
+        .iter()
+        .map(|c| {
+            format!(
+                "{{{}}}",
+                c.devices
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        })
+        .collect();
+    sqlx::query(
+        "WITH u AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[]) AS u(id, attempt, devices)),
+         t AS (
+             UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = u.attempt, assigned_at = now(),
+                              started_at = NULL, exit_code = NULL, reason = NULL, devices = u.devices::int[]
+             FROM u WHERE tasks.id = u.id
+             RETURNING tasks.job_id
+         ),
+         j AS (UPDATE jobs SET state = 'assigned' FROM t WHERE jobs.id = t.job_id AND jobs.state = 'pending')
+         INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $1, 'assigned' FROM t",
+    )
+    .bind(worker_id)
+    .bind(&task_ids)
+    .bind(&attempts)
+    .bind(&devices)
+    .execute(&mut **tx)
+    .await?;
+    Ok(chosen)
+}
+
+/// Why a claim's fence matched nothing: the worker was declared lost, or the poll was
+/// replaced by a newer one.
+async fn why_not_claiming(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+) -> Result<StoreError> {
+    let online: Option<bool> =
+        sqlx::query_scalar("SELECT state = 'online' FROM workers WHERE id = $1")
+            .bind(worker_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(match online {
+        Some(true) => StoreError::PollSuperseded(worker_id),
+        _ => StoreError::WorkerLost(worker_id),
+    })
+}
+
+/// Called by a poll that follows a failed one, with the tasks the worker says it runs: a task
+/// this worker reported started that it no longer lists was forgotten (its process is gone,
+/// its end never reported): it goes back to the queue, or fails when out of attempts. (An
+/// assigned task it does not list is not forgotten but undelivered: the claim hands it out
+/// again.) Returns the number of tasks touched.
+pub(crate) async fn fail_forgotten_in(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+    running: &[i64],
+) -> Result<u64> {
+    let mut forgotten: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM tasks WHERE worker_id = $1 AND state = 'running' AND id <> ALL($2)",
+    )
+    .bind(worker_id)
+    .bind(running)
+    .fetch_all(&mut **tx)
+    .await?;
+    if forgotten.is_empty() {
+        return Ok(0);
+    }
+    // Locked in id order, like every lock on several tasks (an index scan over `ANY` walks
+    // the array sorted): the order no two transactions can deadlock on.
+    forgotten.sort_unstable();
+    let forgotten: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM tasks WHERE id = ANY($1) AND worker_id = $2 AND state = 'running'
+         FOR UPDATE",
+    )
+    .bind(&forgotten)
+    .bind(worker_id)
+    .fetch_all(&mut **tx)
+    .await?;
+    let reasons = vec!["the worker no longer runs this task".to_string(); forgotten.len()];
+    requeue_or_fail(tx, &forgotten, &reasons).await?;
+    Ok(forgotten.len() as u64)
+}
+
+/// Of the tasks a worker says it runs, those it must stop: cancelled ones, and ones that are
+/// no longer its current attempt.
+pub(crate) async fn stop_orders_in<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    worker_id: i64,
+    running: &[(i64, i32)],
+) -> Result<Vec<(i64, i32, StopReason)>> {
+    if running.is_empty() {
+        return Ok(vec![]);
+    }
+    let tasks: Vec<i64> = running.iter().map(|r| r.0).collect();
+    let attempts: Vec<i32> = running.iter().map(|r| r.1).collect();
+    let rows = sqlx::query(STOP_ORDERS)
         .bind(&tasks)
         .bind(&attempts)
         .bind(worker_id)
-        .fetch_all(self.pool())
+        .fetch_all(executor)
         .await?;
-        let mut out = Vec::new();
-        for r in rows {
-            let state: Option<String> = r.get("state");
-            let mine: Option<bool> = r.get("mine");
-            let why = match (state.as_deref(), mine) {
-                (Some("assigned" | "running"), Some(true)) => continue,
-                (Some("cancelled"), Some(true)) => StopReason::Cancelled,
-                _ => StopReason::LeaseLost,
-            };
-            out.push((r.get("task"), r.get("attempt"), why));
-        }
-        Ok(out)
+    let mut out = Vec::new();
+    for r in rows {
+        let state: Option<String> = r.get("state");
+        let mine: Option<bool> = r.get("mine");
+        let why = match (state.as_deref(), mine) {
+            (Some("assigned" | "running"), Some(true)) => continue,
+            (Some("cancelled"), Some(true)) => StopReason::Cancelled,
+            _ => StopReason::LeaseLost,
+        };
+        out.push((r.get("task"), r.get("attempt"), why));
     }
+    Ok(out)
 }
 
 /// The job of a task that is still `(worker, attempt)`'s: assigned, running, or cancelled
@@ -421,49 +601,6 @@ pub(crate) async fn leased_job<'e>(
         task: task_id,
         attempt,
     })
-}
-
-/// Finishing one attempt: task, job, event and wake-up in one statement (one round trip,
-/// atomic on its own). Attempts of jobs that retry on failure are left alone when failed.
-struct Finish<'a> {
-    worker_id: i64,
-    task_id: i64,
-    attempt: i32,
-    state: &'a str,
-    exit_code: Option<i32>,
-    reason: Option<&'a str>,
-    failed: bool,
-}
-
-impl Finish<'_> {
-    /// The job's id when the attempt was finished; None when it was not this worker's live
-    /// attempt (or is to be retried).
-    async fn run<'e>(&self, executor: impl sqlx::PgExecutor<'e>) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(
-            "WITH t AS (
-                 UPDATE tasks SET state = $4, exit_code = $5, reason = $6, finished_at = now()
-                 WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state IN ('assigned', 'running')
-                   AND NOT ($7 AND retry_failed AND attempt < max_attempts)
-                 RETURNING job_id
-             ),
-             j AS (
-                 UPDATE jobs SET state = $4, exit_code = $5, reason = $6, finished_at = now() FROM t
-                 WHERE jobs.id = t.job_id AND jobs.state NOT IN ('succeeded', 'failed', 'cancelled')
-             ),
-             e AS (INSERT INTO events (job_id, worker_id, kind, detail) SELECT job_id, $3, $4, $6 FROM t)
-             SELECT t.job_id FROM t, pg_notify($8, t.job_id::text)",
-        )
-        .bind(self.task_id)
-        .bind(self.attempt)
-        .bind(self.worker_id)
-        .bind(self.state)
-        .bind(self.exit_code)
-        .bind(self.reason)
-        .bind(self.failed)
-        .bind(Channel::Job.name())
-        .fetch_optional(executor)
-        .await?)
-    }
 }
 
 /// Puts tasks back in the queue while they have attempts left, failing them (and their jobs)

@@ -65,19 +65,7 @@ impl Store {
 
     /// Records that the worker is alive. Fails with `WorkerLost` once it was declared lost.
     pub async fn heartbeat(&self, worker_id: i64) -> Result<()> {
-        let touched = sqlx::query(
-            "UPDATE worker_heartbeats h SET last_seen = now()
-             FROM workers w
-             WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online'",
-        )
-        .bind(worker_id)
-        .execute(self.pool())
-        .await?
-        .rows_affected();
-        if touched == 0 {
-            return Err(StoreError::WorkerLost(worker_id));
-        }
-        Ok(())
+        heartbeat_in(self.pool(), worker_id).await
     }
 
     /// A worker leaving on purpose: its unfinished tasks go back to the queue at once (or fail
@@ -233,4 +221,24 @@ async fn release_tasks_of_workers(
     let owners: Vec<i64> = rows.iter().map(|r| r.get("worker_id")).collect();
     let jobs = crate::queue::requeue_or_fail(tx, &tasks, &task_reasons).await?;
     Ok(owners.into_iter().zip(jobs).collect())
+}
+
+/// Records that the worker is alive. Fails with `WorkerLost` once it was declared lost.
+pub(crate) async fn heartbeat_in<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    worker_id: i64,
+) -> Result<()> {
+    let touched = sqlx::query(
+        "UPDATE worker_heartbeats h SET last_seen = now()
+         FROM workers w
+         WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online'",
+    )
+    .bind(worker_id)
+    .execute(executor)
+    .await?
+    .rows_affected();
+    if touched == 0 {
+        return Err(StoreError::WorkerLost(worker_id));
+    }
+    Ok(())
 }

@@ -1,19 +1,33 @@
 //! The worker loop: register, keep one long poll open, heartbeat, start tasks, obey stop
 //! orders, and on shutdown stop everything and say goodbye.
+//!
+//! Starts and ends travel with the next poll. When news arrives while a poll is held, the
+//! worker waits a moment for news from its other running tasks (short tasks end close
+//! together), then drops the held poll and sends a new one carrying all of it: one request
+//! and a few statements for a whole batch of tasks, which is what lets many short jobs
+//! through a small machine.
 
-use crate::runner::{TaskContext, TaskEnd, run_task};
+use crate::reports::Reports;
+use crate::runner::{TaskContext, TaskEnd, WorkDir, run_task};
+use crate::sentinel::Sentinel;
 use client::{Client, ClientError};
 use domain::{Attempt, TaskId};
 use protocol::{ErrorCode, HeartbeatRequest, PollRequest, RegisterRequest, StopWhy, TaskLease};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 
 /// How long the server may hold a poll when there is nothing to do.
 const POLL_WAIT: Duration = Duration::from_secs(20);
+/// How long news may wait for more news while other tasks still run. Long enough for a batch
+/// of short tasks started together to end together (a few ms each, longer on a machine
+/// they saturate); short against any
+/// job worth queueing, and a cancel still reaches a running task within it.
+const REPORT_LINGER: Duration = Duration::from_millis(20);
 /// Pause after a failed call before trying again, doubling up to the maximum.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -47,14 +61,32 @@ struct Running {
     stop: watch::Sender<Option<StopWhy>>,
 }
 
-#[derive(Default)]
 struct Tasks {
     running: Mutex<HashMap<TaskLease, Running>>,
-    /// Woken when a task ends, so a poll sent with no free slot can be re-sent with one.
+    /// Woken when a task ends.
     freed: Notify,
+    /// Starts and ends not yet acknowledged by the server.
+    reports: Arc<Reports>,
+    /// Slots' work directories not in use (indices under the run directory).
+    free_dirs: Mutex<Vec<usize>>,
+    /// Where the slots' work directories live, one per slot, for this worker process.
+    run_dir: PathBuf,
+    /// Kills the tasks' process groups if this process dies first.
+    sentinel: Option<Arc<Sentinel>>,
 }
 
 impl Tasks {
+    fn new(slots: u32, run_dir: PathBuf, sentinel: Option<Arc<Sentinel>>) -> Self {
+        Self {
+            running: Mutex::default(),
+            freed: Notify::new(),
+            reports: Arc::default(),
+            free_dirs: Mutex::new((0..slots as usize).rev().collect()),
+            run_dir,
+            sentinel,
+        }
+    }
+
     /// Tasks not yet ordered to stop: what the worker tells the server it runs.
     fn leases(&self) -> Vec<TaskLease> {
         let running = self.running.lock().expect("tasks lock");
@@ -106,7 +138,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ClientError> {
     let client = Client::new(&config.url, Some(&config.token))?;
-    let tasks = Arc::new(Tasks::default());
+    let run_dir = prepare_run_dir(&config.work_root);
+    let sentinel = match crate::sentinel::Sentinel::start() {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the sentinel: if this worker is killed, its tasks' processes will outlive it");
+            None
+        }
+    };
+    let tasks = Arc::new(Tasks::new(config.slots, run_dir, sentinel));
     let inventory = match &config.inventory {
         InventorySource::Recorded(inv) => {
             let mut inv = (**inv).clone();
@@ -162,35 +202,73 @@ pub async fn run(
             tasks.clone(),
         ));
 
-        // The first poll after registering, and every poll after one that failed, asks the
-        // server to compare what it assigned with what we run (an answer may have been lost).
+        // The first poll after registering, and every poll after one that failed or that we
+        // dropped with room in it, asks the server to compare what it assigned here with what
+        // we run (an answer may have been lost).
         let mut reconcile = true;
+        let mut poll_seq: u64 = 0;
+        // When the last answer started tasks: their starts (and, for short ones, ends) are
+        // news worth waiting a moment for.
+        let mut started_at: Option<Instant> = None;
         loop {
+            let since = tasks.reports.unsent_since().map(Instant::from_std);
+            if let Some(since) = since.into_iter().chain(started_at.take()).min() {
+                tokio::select! {
+                    () = settle(&tasks, since) => {}
+                    _ = &mut shutdown => {
+                        heartbeat.abort();
+                        shut_down(&client, worker, &tasks, poll_seq).await;
+                        return Ok(());
+                    }
+                }
+            }
             let free = (config.slots as usize).saturating_sub(tasks.busy()) as u32;
+            let (reports, carried) = tasks.reports.for_poll(std::time::Instant::now());
+            poll_seq += 1;
             let request = PollRequest {
                 free_slots: free,
                 running: tasks.leases(),
                 wait_ms: POLL_WAIT.as_millis() as u64,
                 reconcile,
+                poll_seq,
+                reports,
             };
+            // A poll that carries reports is answered at once: wait for it. One that does not
+            // may be held; with something to tell, replace it (dropping a poll loses nothing,
+            // see `PollRequest`), unless it answers first.
+            let carries_reports = !request.reports.is_empty();
             let answer = tokio::select! {
+                biased;
                 r = client.poll(worker, &request) => Some(r),
-                // With no free slot the server claims nothing for this poll, so dropping it
-                // to re-poll with the freed slot cannot lose an assignment.
-                _ = tasks.freed.notified(), if free == 0 => None,
+                () = reason_to_repoll(&tasks, config.slots, free), if !carries_reports => None,
                 _ = &mut shutdown => {
                     heartbeat.abort();
-                    shut_down(&client, worker, &tasks).await;
+                    shut_down(&client, worker, &tasks, poll_seq).await;
                     return Ok(());
                 }
             };
-            let Some(answer) = answer else { continue };
+            let Some(answer) = answer else {
+                // A dropped poll with room may have claimed tasks for us: ask for them.
+                reconcile |= free > 0;
+                continue;
+            };
             match answer {
                 Ok(resp) => {
                     backoff = FIRST_BACKOFF;
                     reconcile = false;
+                    tasks.reports.acknowledge(&carried);
+                    for lease in resp.lost {
+                        tracing::warn!(
+                            task = lease.task.0,
+                            attempt = lease.attempt.0,
+                            "the server refused this task's result: it is no longer this worker's"
+                        );
+                    }
                     for order in resp.stop {
                         tasks.stop(order.lease, order.why);
+                    }
+                    if !resp.assignments.is_empty() {
+                        started_at = Some(Instant::now());
                     }
                     for assignment in resp.assignments {
                         start_task(
@@ -224,6 +302,45 @@ pub async fn run(
     }
 }
 
+/// Waits until news that arrived at `since` has lingered long enough: `REPORT_LINGER`, or
+/// until no task runs any more (nothing else could end soon).
+async fn settle(tasks: &Tasks, since: Instant) {
+    let deadline = since + REPORT_LINGER;
+    loop {
+        let freed = tasks.freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        if tasks.busy() == 0 || Instant::now() >= deadline {
+            return;
+        }
+        tokio::select! {
+            () = freed => {}
+            () = tokio::time::sleep_until(deadline) => return,
+        }
+    }
+}
+
+/// Resolves when a held poll should give way to a new one: news arrived and settled, or a
+/// slot freed up while the poll asked for no work (a task stopped without news, say).
+async fn reason_to_repoll(tasks: &Tasks, slots: u32, asked_free: u32) {
+    loop {
+        let freed = tasks.freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        if let Some(since) = tasks.reports.unsent_since() {
+            settle(tasks, Instant::from_std(since)).await;
+            return;
+        }
+        if asked_free == 0 && tasks.busy() < slots as usize {
+            return;
+        }
+        tokio::select! {
+            () = tasks.reports.news() => {}
+            () = freed => {}
+        }
+    }
+}
+
 fn start_task(
     inventory: &Arc<domain::Inventory>,
     client: &Client,
@@ -237,11 +354,33 @@ fn start_task(
         attempt: Attempt(assignment.attempt.0),
     };
     let (stop_tx, stop_rx) = watch::channel(None);
-    tasks
-        .running
-        .lock()
-        .expect("tasks lock")
-        .insert(lease, Running { stop: stop_tx });
+    {
+        let mut running = tasks.running.lock().expect("tasks lock");
+        if running.contains_key(&lease) {
+            // Delivered twice (a poll answered after its successor left): already running.
+            return;
+        }
+        running.insert(lease, Running { stop: stop_tx });
+    }
+    // A kept work directory is the task's own; so is one for a task beyond the slots (never
+    // expected: the server assigns no more than the free slots).
+    let slot = match config.keep_work_dirs {
+        true => None,
+        false => tasks.free_dirs.lock().expect("slots lock").pop(),
+    };
+    let work_dir = match slot {
+        Some(i) => WorkDir {
+            dir: tasks.run_dir.join(format!("slot-{i}")),
+            keep: false,
+        },
+        None => WorkDir {
+            dir: config.work_root.join("jobs").join(format!(
+                "job-{}-task-{}-attempt-{}",
+                assignment.job.0, lease.task.0, lease.attempt.0
+            )),
+            keep: config.keep_work_dirs,
+        },
+    };
     tracing::info!(
         job = assignment.job.0,
         task = lease.task.0,
@@ -254,9 +393,11 @@ fn start_task(
         worker_name: config.name.clone(),
         assignment,
         work_root: config.work_root.clone(),
-        keep_work_dirs: config.keep_work_dirs,
+        work_dir: work_dir.clone(),
+        reports: tasks.reports.clone(),
         inventory: inventory.clone(),
         stop: stop_rx,
+        sentinel: tasks.sentinel.clone(),
     };
     let tasks = tasks.clone();
     tokio::spawn(async move {
@@ -267,8 +408,15 @@ fn start_task(
                 "task stopped: it is no longer this worker's"
             );
         }
+        match slot {
+            Some(i) => tasks.free_dirs.lock().expect("slots lock").push(i),
+            None if !work_dir.keep => {
+                let _ = tokio::fs::remove_dir_all(&work_dir.dir).await;
+            }
+            None => {}
+        }
         tasks.running.lock().expect("tasks lock").remove(&lease);
-        tasks.freed.notify_one();
+        tasks.freed.notify_waiters();
     });
 }
 
@@ -293,14 +441,56 @@ async fn heartbeat_loop(client: Client, worker: i64, every: Duration, tasks: Arc
 
 /// Stops every task, then deregisters: the server puts them back in the queue for another
 /// worker (their retries permitting).
-async fn shut_down(client: &Client, worker: i64, tasks: &Tasks) {
+async fn shut_down(client: &Client, worker: i64, tasks: &Tasks, poll_seq: u64) {
     tracing::info!("shutting down: stopping {} task(s)", tasks.busy());
     tasks.stop_all(StopWhy::WorkerShutdown);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tasks.busy() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Tasks that ended before the stop must be recorded as ended before leaving: leaving puts
+    // every unfinished task back in the queue, and these would run twice.
+    let (reports, _) = tasks.reports.for_poll(std::time::Instant::now());
+    if !reports.is_empty() {
+        let last = PollRequest {
+            free_slots: 0,
+            running: tasks.leases(),
+            wait_ms: 0,
+            reconcile: false,
+            poll_seq: poll_seq + 1,
+            reports,
+        };
+        if let Err(e) = client.poll(worker, &last).await {
+            tracing::warn!(error = %e, "could not report the last task ends");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tasks.run_dir);
     if let Err(e) = client.deregister_worker(worker).await {
         tracing::warn!(error = %e, "could not deregister; the server will declare this worker lost after its lease");
     }
+}
+
+/// This worker process's own directory for its slots' work directories, under the work
+/// root: `run-<pid>`, emptied first. Those of worker processes that are gone (killed before
+/// they could clean up) are removed.
+fn prepare_run_dir(work_root: &Path) -> PathBuf {
+    if let Ok(entries) = std::fs::read_dir(work_root) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("run-"))
+                .and_then(|p| p.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+            if !alive {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = work_root.join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
 }

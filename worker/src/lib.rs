@@ -1,10 +1,12 @@
 //! The worker: probes its machine, registers with a server, and runs the jobs it is handed,
-//! each as its own process group in a fresh work directory, shipping logs while they run and
+//! each as its own process group in its slot's work directory, shipping logs while they run and
 //! outputs when they end. It only ever dials out, so it works behind NAT.
 //!
 //! # Layout
 //! - [`agent`] — the loop: register, long poll, heartbeat, stop orders, shutdown.
-//! - [`runner`] — one task from staging to completion.
+//! - [`runner`] — one task from staging to completion, in its slot's work directory.
+//! - [`reports`] — starts and ends waiting to go out with the next poll.
+//! - [`sentinel`] — the process that kills the tasks' groups if the worker dies first.
 //! - [`shipper`] — batches a task's output lines to the server, in order, without loss.
 //! - [`process`] — process groups: spawn, signal, exit codes.
 //! - [`frameworks`] — whether torch, jax, cupy and mlx really compute on the devices.
@@ -14,7 +16,9 @@ pub mod agent;
 pub mod frameworks;
 pub mod probe;
 pub mod process;
+pub mod reports;
 pub mod runner;
+pub mod sentinel;
 pub mod shipper;
 
 pub use agent::{InventorySource, WorkerConfig, run};

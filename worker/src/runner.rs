@@ -1,14 +1,21 @@
 //! One task from start to end: stage the source, run the command as a process group, ship
 //! its output, obey stop orders, upload outputs, report the exit code.
+//!
+//! A task runs in its slot's work directory, which outlives it: the next task of the slot
+//! finds it emptied. Making and removing a directory per task was the worker's largest cost
+//! on short jobs (ext4 searches for an inode not recently freed on every mkdir under churn).
 
 use crate::process::{STOP_GRACE, exit_code, signal_group};
+use crate::reports::{Ending, Reports};
+use crate::sentinel::Sentinel;
 use crate::shipper::{ShipEnd, Shipper, split_long_line};
 use client::Client;
 use nix::sys::signal::Signal;
-use protocol::{Assignment, CompleteRequest, ErrorCode, StopWhy, Stream};
+use protocol::{Assignment, StopWhy, Stream, TaskLease};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::{mpsc, watch};
 
@@ -20,18 +27,31 @@ const LINE_BUFFER: usize = 10_000;
 /// before we stop reading them.
 const PIPE_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Where a task runs: `dir` holds `src` (its working directory) and `output`.
+#[derive(Debug, Clone)]
+pub struct WorkDir {
+    pub dir: PathBuf,
+    /// Kept as the task left it (for debugging), rather than emptied for the next task.
+    pub keep: bool,
+}
+
 /// Everything a task needs from the agent.
 pub struct TaskContext {
     pub client: Client,
     pub worker: i64,
     pub worker_name: String,
     pub assignment: Assignment,
+    /// The worker's work root (the source cache lives there).
     pub work_root: PathBuf,
-    pub keep_work_dirs: bool,
+    pub work_dir: WorkDir,
+    /// Where the task's start and end are reported.
+    pub reports: Arc<Reports>,
     /// What this worker advertised (device UUIDs for `CUDA_VISIBLE_DEVICES`).
     pub inventory: std::sync::Arc<domain::Inventory>,
     /// Set by the agent when the server orders this task stopped.
     pub stop: watch::Receiver<Option<StopWhy>>,
+    /// Kills the task's process group if the worker dies first (None: it could not start).
+    pub sentinel: Option<Arc<Sentinel>>,
 }
 
 /// How the task ended, for the agent's bookkeeping.
@@ -43,11 +63,12 @@ pub enum TaskEnd {
 
 pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
     let a = &ctx.assignment;
-    let (job, task, attempt) = (a.job.0, a.task.0, a.attempt.0);
-    let dir = ctx
-        .work_root
-        .join("jobs")
-        .join(format!("job-{job}-task-{task}-attempt-{attempt}"));
+    let lease = TaskLease {
+        task: a.task,
+        attempt: a.attempt,
+    };
+    let (task, attempt) = (a.task.0, a.attempt.0);
+    let dir = ctx.work_dir.dir.clone();
     let src = dir.join("src");
     let output_dir = dir.join("output");
 
@@ -60,7 +81,8 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
     };
     let shipping = tokio::spawn(shipper.run(lines_rx));
 
-    let outcome = execute(&mut ctx, &dir, &src, &output_dir, lines_tx).await;
+    let mut started = None;
+    let outcome = execute(&mut ctx, &src, &output_dir, lines_tx, &mut started).await;
     let shipped = shipping.await.unwrap_or(ShipEnd::LeaseLost);
     let stopped = *ctx.stop.borrow();
     // A task stopped because its lease is gone, or because this worker is leaving, is not
@@ -71,59 +93,82 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
     let end = if lease_lost {
         TaskEnd::LeaseLost
     } else {
-        let mut report = match outcome {
-            Ok(code) => CompleteRequest {
+        let mut ending = match outcome {
+            Ok(code) => Ending {
                 exit_code: Some(code),
                 error: None,
+                started,
             },
-            Err(error) => CompleteRequest {
+            Err(error) => Ending {
                 exit_code: None,
                 error: Some(error),
+                started,
             },
         };
-        if report.error.is_none()
+        if ending.error.is_none()
             && let Err(e) = upload_outputs(&ctx, &src, &output_dir, &dir).await
         {
-            report.error = Some(format!("uploading outputs failed: {e}"));
+            ending.error = Some(format!("uploading outputs failed: {e}"));
         }
-        report_completion(&ctx, &report).await
+        // Reported only now, after the last log line and the outputs were stored.
+        ctx.reports.finished(lease, ending);
+        TaskEnd::Reported
     };
-    if !ctx.keep_work_dirs {
-        let _ = tokio::fs::remove_dir_all(&dir).await;
+    if !ctx.work_dir.keep {
+        empty_work_dir(&dir).await;
     }
     end
 }
 
-async fn report_completion(ctx: &TaskContext, report: &CompleteRequest) -> TaskEnd {
-    let a = &ctx.assignment;
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        match ctx
-            .client
-            .complete_task(ctx.worker, a.task.0, a.attempt.0, report)
-            .await
-        {
-            Ok(()) => return TaskEnd::Reported,
-            Err(e) if matches!(e.code(), Some(ErrorCode::LeaseLost | ErrorCode::WorkerLost)) => {
-                return TaskEnd::LeaseLost;
-            }
-            Err(e) => {
-                // The result must reach the server: keep trying while it is away.
-                tracing::warn!(error = %e, task = a.task.0, "reporting completion failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+/// Empties a slot's work directory for its next task, keeping `src` and `output` themselves.
+/// Checking costs three directory reads; only what a task left behind is removed, off the
+/// worker's event loop.
+async fn empty_work_dir(dir: &Path) {
+    let leftovers = leftovers(dir);
+    if leftovers.is_empty() {
+        return;
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        for path in leftovers {
+            let removed = if path.is_dir() && !path.is_symlink() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if let Err(e) = removed {
+                tracing::warn!(path = %path.display(), error = %e, "cannot clean the work directory");
             }
         }
+    })
+    .await;
+}
+
+/// What a task left in `dir`: everything inside `src` and `output`, and anything else.
+fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    let entries = |d: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for path in entries(dir) {
+        match path.file_name().and_then(|n| n.to_str()) {
+            Some("src" | "output") if path.is_dir() && !path.is_symlink() => {
+                out.extend(entries(&path))
+            }
+            _ => out.push(path),
+        }
     }
+    out
 }
 
 /// Stages, runs and waits. Ok(exit code) when the process ran; Err(reason) when it could not.
 async fn execute(
     ctx: &mut TaskContext,
-    dir: &Path,
     src: &Path,
     output_dir: &Path,
     lines: mpsc::Sender<(Stream, String)>,
+    started: &mut Option<Instant>,
 ) -> Result<i32, String> {
     let a = ctx.assignment.clone();
     let system = |text: String| {
@@ -132,8 +177,9 @@ async fn execute(
             let _ = lines.send((Stream::System, text)).await;
         }
     };
+    // Usually there already (a slot's directories outlive its tasks): a lookup, not a mkdir.
     for d in [src, output_dir] {
-        tokio::fs::create_dir_all(d).await.map_err(|e| {
+        std::fs::create_dir_all(d).map_err(|e| {
             format!(
                 "cannot create {} on worker {}: {e}",
                 d.display(),
@@ -150,14 +196,23 @@ async fn execute(
             ctx.worker_name
         ))
         .await;
-        stage_source(ctx, source.digest.as_str(), dir, src)
+        stage_source(ctx, source.digest.as_str(), &ctx.work_dir.dir, src)
             .await
             .map_err(|e| format!("staging the source failed: {e}"))?;
     }
 
-    let program = resolve_program(a.spec.command.program(), src);
+    let job_path = a
+        .spec
+        .env
+        .iter()
+        .find(|e| e.name() == "PATH")
+        .map(|e| std::ffi::OsString::from(e.value()));
+    let search = job_path.or_else(|| std::env::var_os("PATH"));
+    let program = resolve_program(a.spec.command.program(), src, search.as_deref());
     let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(a.spec.command.args())
+    // The job sees its command as it was given, whatever path it resolved to.
+    cmd.arg0(a.spec.command.program())
+        .args(a.spec.command.args())
         .current_dir(src)
         .env("PYTHONUNBUFFERED", "1")
         .envs(a.spec.env.iter().map(|e| (e.name(), e.value())))
@@ -170,7 +225,6 @@ async fn execute(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    die_with_worker(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| {
         format!(
             "cannot start `{}` on worker {}: {e}",
@@ -179,16 +233,20 @@ async fn execute(
         )
     })?;
     let pid = child.id().expect("a just-spawned child has a pid");
-
-    if let Err(e) = ctx
-        .client
-        .task_started(ctx.worker, a.task.0, a.attempt.0)
-        .await
-    {
-        signal_group(pid, Signal::SIGKILL);
-        let _ = child.wait().await;
-        return Err(format!("the server refused the start: {e}"));
+    if let Some(sentinel) = &ctx.sentinel {
+        sentinel.watch(pid);
     }
+    // Reported with the next poll; if the task is no longer ours, that poll's stop orders
+    // say so and the group is killed.
+    let now = Instant::now();
+    *started = Some(now);
+    ctx.reports.started(
+        TaskLease {
+            task: a.task,
+            attempt: a.attempt,
+        },
+        now,
+    );
 
     let out = tokio::spawn(pump(
         child.stdout.take().expect("piped"),
@@ -219,6 +277,9 @@ async fn execute(
     };
     // Whatever the leader left behind in its group goes with it: the job is over.
     signal_group(pid, Signal::SIGKILL);
+    if let Some(sentinel) = &ctx.sentinel {
+        sentinel.forget(pid);
+    }
     for pump in [out, err] {
         let _ = tokio::time::timeout(PIPE_DRAIN_TIMEOUT, pump).await;
     }
@@ -281,28 +342,6 @@ fn device_env(a: &Assignment, inventory: &domain::Inventory) -> Vec<(&'static st
     }
 }
 
-/// Makes the job's leader die with the worker: a worker killed outright (`kill -9`, OOM)
-/// cannot stop its jobs, and its tasks are run again elsewhere, so a survivor would be the
-/// same work twice. (Its grandchildren are not reached by this; cgroups would.)
-#[allow(unsafe_code)]
-fn die_with_worker(cmd: &mut tokio::process::Command) {
-    let worker = nix::unistd::getpid();
-    // SAFETY: the closure runs in the forked child before exec and calls only prctl(2) and
-    // getppid(2), both async-signal-safe; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-            // The worker may have died between fork and prctl: then nobody will send it.
-            if nix::unistd::getppid() != worker {
-                return Err(std::io::Error::other(
-                    "the worker exited before the job started",
-                ));
-            }
-            Ok(())
-        });
-    }
-}
-
 /// SIGTERM to the whole group, then SIGKILL if it is still there after the grace period.
 async fn stop_group(
     pid: u32,
@@ -326,13 +365,35 @@ async fn stop_ordered(stop: &mut watch::Receiver<Option<StopWhy>>) {
 }
 
 /// A relative program path with a slash (`./render.sh`) means a file in the source.
-fn resolve_program(program: &str, src: &Path) -> PathBuf {
+/// A bare name (`python3`) is looked up in `search` (the job's `PATH`, else the worker's) as
+/// `execvp` would, but once, here: the child then makes one `execve` instead of one per
+/// `PATH` entry, and the worker can start it with `posix_spawn` (the child of a `PATH`
+/// search must be forked). Relative entries are relative to `src`, the job's directory. A
+/// name found nowhere stays bare, and starting it fails as it would have.
+fn resolve_program(program: &str, src: &Path, search: Option<&std::ffi::OsStr>) -> PathBuf {
     let p = Path::new(program);
-    if p.is_relative() && program.contains('/') {
-        src.join(p)
-    } else {
-        p.to_path_buf()
+    if program.contains('/') {
+        return if p.is_relative() {
+            src.join(p)
+        } else {
+            p.to_path_buf()
+        };
     }
+    let Some(search) = search else {
+        return p.to_path_buf();
+    };
+    for dir in std::env::split_paths(search) {
+        let candidate = src.join(dir).join(program);
+        if is_executable_file(&candidate) {
+            return candidate;
+        }
+    }
+    p.to_path_buf()
+}
+
+fn is_executable_file(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Reads a pipe line by line (lossy UTF-8) into the shipper.
@@ -447,4 +508,44 @@ async fn upload_outputs(
         .upload_outputs(ctx.worker, a.task.0, a.attempt.0, &packed)
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn programs_resolve_like_execvp_but_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, src) = (dir.path().join("bin"), dir.path().join("src"));
+        for d in [&bin, &src] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let tool = bin.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let not_executable = bin.join("data");
+        std::fs::write(&not_executable, "").unwrap();
+        let search = std::env::join_paths([Path::new("/nonexistent"), &bin]).unwrap();
+        let check = |program: &str, expect: PathBuf| {
+            assert_eq!(
+                resolve_program(program, &src, Some(&search)),
+                expect,
+                "{program}"
+            );
+        };
+        check("tool", tool.clone());
+        check("data", PathBuf::from("data"));
+        check("missing", PathBuf::from("missing"));
+        check("./run.sh", src.join("./run.sh"));
+        check("/bin/sh", PathBuf::from("/bin/sh"));
+        assert_eq!(resolve_program("tool", &src, None), PathBuf::from("tool"));
+        // A relative PATH entry is relative to the job's directory.
+        let relative = std::env::join_paths(["../bin"]).unwrap();
+        assert_eq!(
+            resolve_program("tool", &src, Some(&relative)),
+            src.join("../bin").join("tool")
+        );
+    }
 }

@@ -384,8 +384,11 @@ async fn a_job_on_a_killed_worker_is_retried_on_another_worker() {
     let mut doomed = server.join("doomed", &[]);
     let cli = server.cli();
     let pidfile = server.data_dir.path().join("pid");
+    let childfile = server.data_dir.path().join("child");
+    // The first attempt leaves a child in its process group: it must die with the worker too.
     let script = format!(
-        "if [ \"$GPULAYER_ATTEMPT\" = 1 ]; then echo $$ > {}; exec sleep 600; fi; echo finished on attempt $GPULAYER_ATTEMPT",
+        "if [ \"$GPULAYER_ATTEMPT\" = 1 ]; then sleep 601 & echo $! > {}; echo $$ > {}; exec sleep 600; fi; echo finished on attempt $GPULAYER_ATTEMPT",
+        childfile.display(),
         pidfile.display()
     );
     let job = cli.submit(&["--", "sh", "-c", &script]);
@@ -397,11 +400,17 @@ async fn a_job_on_a_killed_worker_is_retried_on_another_worker() {
             .ok()
             .and_then(|p| p.trim().parse().ok())
     });
+    let child: i32 = std::fs::read_to_string(&childfile)
+        .expect("the child's pid")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(orphan) && alive(child));
     doomed.kill_hard();
     wait_for(
-        "the first attempt to die with its worker",
+        "the first attempt and its child to die with their worker",
         Duration::from_secs(5),
-        || (!alive(orphan)).then_some(()),
+        || (!alive(orphan) && !alive(child)).then_some(()),
     );
     let _healthy = server.join("healthy", &[]);
     assert_eq!(
@@ -417,10 +426,7 @@ async fn a_job_on_a_killed_worker_is_retried_on_another_worker() {
         "{}",
         logs.stdout
     );
-    if let Some(pid) = std::fs::read_to_string(&pidfile)
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-    {
+    for pid in [orphan, child] {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,

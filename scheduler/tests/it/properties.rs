@@ -105,3 +105,91 @@ proptest! {
         }
     }
 }
+
+/// The queue claims jobs that ask only for their accelerator kind without asking the
+/// scheduler (`Requirements::asks_only_for_the_kind`): `check` must accept every such job on
+/// every worker that offers the kind, and the predicate must not hold for jobs `check` can
+/// turn down.
+#[test]
+fn jobs_that_ask_only_for_their_kind_fit_every_worker_offering_it() {
+    use domain::{FrameworkSpec, LabelSelector};
+    let inventories = [
+        domain::fixtures::inventory("cpu-only", &[]),
+        cuda_inventory("one-gpu", 1),
+        domain::fixtures::inventory("mac", &[Accelerator::Mps]),
+    ];
+    let labels = [
+        BTreeMap::new(),
+        BTreeMap::from([("zone".to_string(), "a".to_string())]),
+    ];
+    let framework = FrameworkSpec::parse("torch>=2").unwrap();
+    let label = LabelSelector::parse("zone=b").unwrap();
+    let variants = [
+        ("nothing", Requirements::default(), true),
+        (
+            "zero devices",
+            Requirements {
+                devices: Some(0),
+                ..Default::default()
+            },
+            true,
+        ),
+        (
+            "device memory without devices",
+            Requirements {
+                devices: Some(0),
+                min_device_memory_bytes: Some(1 << 40),
+                ..Default::default()
+            },
+            true,
+        ),
+        (
+            "a framework",
+            Requirements {
+                frameworks: vec![framework],
+                ..Default::default()
+            },
+            false,
+        ),
+        (
+            "a label",
+            Requirements {
+                labels: vec![label],
+                ..Default::default()
+            },
+            false,
+        ),
+    ];
+    for kind in [
+        Accelerator::Cpu,
+        Accelerator::Any,
+        Accelerator::Cuda,
+        Accelerator::Mps,
+    ] {
+        for (what, requirements, plain_unless_devices) in &variants {
+            let spec = domain::JobSpec {
+                requirements: requirements.clone(),
+                ..job(kind)
+            };
+            let plain = spec.requirements.asks_only_for_the_kind(kind);
+            let expected = *plain_unless_devices && spec.requirements.device_count(kind) == 0;
+            assert_eq!(plain, expected, "{kind} job with {what}");
+            if !plain {
+                continue;
+            }
+            for inventory in &inventories {
+                if !inventory.runnable_accelerators().contains(&kind) {
+                    continue;
+                }
+                for l in &labels {
+                    assert_eq!(
+                        scheduler::check(inventory, l, &spec),
+                        Ok(()),
+                        "{kind} job with {what} on {}",
+                        inventory.hostname
+                    );
+                }
+            }
+        }
+    }
+}

@@ -3,7 +3,7 @@
 use domain::Accelerator;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
-use store::{Completion, LogCursor, NewWorker, StopReason, Store};
+use store::{Completion, LogCursor, NewWorker, PollContext, StopReason, Store};
 
 async fn store() -> Store {
     let db = testkit::fresh_database().await;
@@ -29,6 +29,26 @@ async fn worker(store: &Store, name: &str, cuda: usize) -> i64 {
 
 const CPU: &[Accelerator] = &[Accelerator::Cpu, Accelerator::Any];
 
+/// A claim of up to `free` cpu tasks for `worker`'s poll number `seq` (which lists `running`
+/// and, with `redeliver`, asks for what an earlier answer may have lost).
+async fn claim_for_poll(
+    store: &Store,
+    worker: i64,
+    free: u32,
+    seq: u64,
+    running: &[i64],
+    redeliver: bool,
+) -> store::Result<Vec<store::Claimed>> {
+    let poll = PollContext {
+        seq,
+        running,
+        redeliver,
+    };
+    store
+        .claim_batch(worker, CPU, free, true, poll, |_, _| Some(vec![]))
+        .await
+}
+
 /// A cpu job running on a fresh worker named `name`: (job, worker, its claimed task).
 async fn running_job(store: &Store, name: &str) -> (i64, i64, store::Claimed) {
     running_job_with(store, name, &spec(Accelerator::Cpu)).await
@@ -43,7 +63,7 @@ async fn running_job_with(
     let job = store.insert_job(spec, None, None).await.unwrap();
     let w = worker(store, name, 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, PollContext::default(), |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -75,20 +95,33 @@ async fn racing_workers_never_claim_the_same_task() {
     }
     let workers: Vec<i64> = futures_join(&store).await;
     let mut claimed = Vec::new();
+    // What each worker runs, as its polls list it.
+    let mut held: [Vec<i64>; 3] = Default::default();
     loop {
-        let (a, b, c) = tokio::join!(
-            store.claim_batch(workers[0], CPU, 3, true, |_, _| Some(vec![])),
-            store.claim_batch(workers[1], CPU, 3, true, |_, _| Some(vec![])),
-            store.claim_batch(workers[2], CPU, 3, true, |_, _| Some(vec![])),
-        );
-        let batch: Vec<_> = [a.unwrap(), b.unwrap(), c.unwrap()]
-            .into_iter()
-            .flatten()
-            .collect();
-        if batch.is_empty() {
+        let claim = |i: usize, running: &[i64]| {
+            let running = running.to_vec();
+            let store = store.clone();
+            let w = workers[i];
+            async move {
+                let poll = PollContext {
+                    seq: 0,
+                    running: &running,
+                    redeliver: false,
+                };
+                store
+                    .claim_batch(w, CPU, 3, true, poll, |_, _| Some(vec![]))
+                    .await
+                    .unwrap()
+            }
+        };
+        let (a, b, c) = tokio::join!(claim(0, &held[0]), claim(1, &held[1]), claim(2, &held[2]));
+        if a.is_empty() && b.is_empty() && c.is_empty() {
             break;
         }
-        claimed.extend(batch.into_iter().map(|c| c.task_id));
+        for (i, batch) in [a, b, c].into_iter().enumerate() {
+            held[i].extend(batch.iter().map(|c| c.task_id));
+            claimed.extend(batch.into_iter().map(|c| c.task_id));
+        }
     }
     let unique: HashSet<i64> = claimed.iter().copied().collect();
     assert_eq!(claimed.len(), n_jobs, "every task claimed");
@@ -118,7 +151,9 @@ async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit()
     }
     let cpu_worker = worker(&store, "cpu-only", 0).await;
     let got = store
-        .claim_batch(cpu_worker, CPU, 2, true, |_, _| Some(vec![]))
+        .claim_batch(cpu_worker, CPU, 2, true, PollContext::default(), |_, _| {
+            Some(vec![])
+        })
         .await
         .unwrap();
     assert_eq!(got.len(), 2);
@@ -132,12 +167,26 @@ async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit()
     let gpu_worker = worker(&store, "gpu", 1).await;
     let kinds = [Accelerator::Cpu, Accelerator::Cuda, Accelerator::Any];
     let refused = store
-        .claim_batch(gpu_worker, &kinds, 4, true, |_, _| None)
+        .claim_batch(
+            gpu_worker,
+            &kinds,
+            4,
+            true,
+            PollContext::default(),
+            |_, _| None,
+        )
         .await
         .unwrap();
     assert!(refused.is_empty());
     let got = store
-        .claim_batch(gpu_worker, &kinds, 4, true, |_, _| Some(vec![]))
+        .claim_batch(
+            gpu_worker,
+            &kinds,
+            4,
+            true,
+            PollContext::default(),
+            |_, _| Some(vec![]),
+        )
         .await
         .unwrap();
     let jobs: HashSet<i64> = got.iter().map(|c| c.job_id).collect();
@@ -146,24 +195,40 @@ async fn a_claim_takes_no_more_than_the_free_slots_and_skips_what_does_not_fit()
 }
 
 #[tokio::test]
-async fn the_claim_reads_the_claimable_index_in_order_without_sorting() {
+async fn the_hot_statements_keep_their_plans_even_with_stale_statistics() {
     let store = store().await;
-    let mut conn = store.pool().acquire().await.unwrap();
-    // On a near-empty table any plan is cheap; take the scans that ignore order off the
-    // table so the test asks the real question: can the index serve the claim's ORDER BY?
-    for setting in ["SET enable_seqscan = off", "SET enable_bitmapscan = off"] {
-        sqlx::query(setting).execute(&mut *conn).await.unwrap();
+    // The state a queue is in after a burst: analysed while empty, then thousands pending.
+    // The planner then believes a handful of rows match and would rather read them all and
+    // sort; the claims must still take the ordered index and stop early. And the reports,
+    // which find tasks by id, must never read a worker's whole history.
+    sqlx::query("ANALYZE tasks")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let specs = vec![spec(Accelerator::Cpu); 3000];
+    store
+        .insert_jobs(&specs, None, &vec![None; specs.len()])
+        .await
+        .unwrap();
+    let plans = store
+        .hot_plans(&[Accelerator::Cpu, Accelerator::Any])
+        .await
+        .unwrap();
+    assert_eq!(plans.len(), 5);
+    for (name, plan) in &plans {
+        assert!(!plan.contains("Seq Scan on tasks"), "{name}: {plan}");
+        assert!(!plan.contains("tasks_by_worker"), "{name}: {plan}");
+        if name.starts_with("claim") {
+            assert!(
+                plan.contains("Index Scan using tasks_claimable"),
+                "{name}: {plan}"
+            );
+            assert!(!plan.contains("Sort"), "{name}: {plan}");
+            assert!(!plan.contains("Bitmap"), "{name}: {plan}");
+        } else {
+            assert!(plan.contains("tasks_pkey"), "{name}: {plan}");
+        }
     }
-    let plan: Vec<String> = sqlx::query_scalar(
-        "EXPLAIN SELECT id FROM tasks WHERE state = 'pending' AND accelerator = ANY('{cpu,any}')
-         ORDER BY priority DESC, id LIMIT 8 FOR UPDATE SKIP LOCKED",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
-    let plan = plan.join("\n");
-    assert!(plan.contains("tasks_claimable"), "{plan}");
-    assert!(!plan.contains("Sort"), "{plan}");
 }
 
 #[tokio::test]
@@ -247,13 +312,15 @@ async fn a_lost_workers_job_is_retried_elsewhere_and_the_old_attempt_is_fenced_o
     ));
     assert!(matches!(
         store
-            .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+            .claim_batch(w, CPU, 1, true, PollContext::default(), |_, _| Some(vec![]))
             .await,
         Err(store::StoreError::WorkerLost(_))
     ));
     let healthy = worker(&store, "healthy", 0).await;
     let second = store
-        .claim_batch(healthy, CPU, 1, true, |_, _| Some(vec![]))
+        .claim_batch(healthy, CPU, 1, true, PollContext::default(), |_, _| {
+            Some(vec![])
+        })
         .await
         .unwrap()
         .remove(0);
@@ -286,7 +353,7 @@ async fn a_job_out_of_attempts_fails_with_the_reason() {
     let job = store.insert_job(&no_retries, None, None).await.unwrap();
     let w = worker(&store, "flaky", 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, PollContext::default(), |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -324,7 +391,7 @@ async fn a_failing_job_is_retried_only_when_it_asked() {
     };
     for attempt in 1..=2 {
         let c = store
-            .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+            .claim_batch(w, CPU, 1, true, PollContext::default(), |_, _| Some(vec![]))
             .await
             .unwrap()
             .remove(0);
@@ -348,7 +415,7 @@ async fn a_failing_job_is_retried_only_when_it_asked() {
         .await
         .unwrap();
     let c = store
-        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, PollContext::default(), |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -368,7 +435,7 @@ async fn log_cursors_skip_nothing_and_repeat_nothing() {
         .unwrap();
     let w = worker(&store, "w", 0).await;
     let c = store
-        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, PollContext::default(), |_, _| Some(vec![]))
         .await
         .unwrap()
         .remove(0);
@@ -506,12 +573,61 @@ async fn only_one_replica_leads_at_a_time_and_leadership_passes_on() {
 }
 
 #[tokio::test]
-async fn tasks_a_worker_does_not_list_go_back_to_the_queue() {
+async fn an_assignment_whose_answer_was_lost_is_handed_out_again_by_the_next_poll() {
     let store = store().await;
     let lost_answer = store
         .insert_job(&spec(Accelerator::Cpu), None, None)
         .await
         .unwrap();
+    let w = worker(&store, "w", 0).await;
+    let first = claim_for_poll(&store, w, 2, 1, &[], true).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let queued_later = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+
+    // That answer never arrived: the next poll lists nothing and gets the same attempt back,
+    // then new work for its other slot.
+    let again = claim_for_poll(&store, w, 2, 2, &[], true).await.unwrap();
+    let got: Vec<(i64, i32)> = again.iter().map(|c| (c.job_id, c.attempt)).collect();
+    assert_eq!(got, vec![(lost_answer, 1), (queued_later, 1)]);
+
+    // Once the worker runs them, they are not handed out a third time.
+    let running: Vec<i64> = again.iter().map(|c| c.task_id).collect();
+    let third = claim_for_poll(&store, w, 1, 3, &running, true)
+        .await
+        .unwrap();
+    assert!(third.is_empty(), "{third:?}");
+}
+
+#[tokio::test]
+async fn a_poll_the_worker_has_replaced_claims_nothing() {
+    let store = store().await;
+    let job = store
+        .insert_job(&spec(Accelerator::Cpu), None, None)
+        .await
+        .unwrap();
+    let w = worker(&store, "w", 0).await;
+    let claim = |seq: u64| claim_for_poll(&store, w, 1, seq, &[], true);
+    assert_eq!(claim(5).await.unwrap()[0].job_id, job);
+    // The newest poll so far is 5: a late claim for poll 4 must not hand out the job.
+    assert!(matches!(
+        claim(4).await,
+        Err(store::StoreError::PollSuperseded(_))
+    ));
+    assert_eq!(
+        store.get_job(job).await.unwrap().state,
+        domain::JobState::Assigned,
+        "assigned by poll 5 only"
+    );
+    let redelivered = claim(6).await.unwrap();
+    assert_eq!(redelivered[0].job_id, job);
+}
+
+#[tokio::test]
+async fn running_tasks_a_worker_no_longer_lists_go_back_to_the_queue() {
+    let store = store().await;
     let forgotten = store
         .insert_job(&spec(Accelerator::Cpu), None, None)
         .await
@@ -522,7 +638,7 @@ async fn tasks_a_worker_does_not_list_go_back_to_the_queue() {
         .unwrap();
     let w = worker(&store, "w", 0).await;
     let claimed = store
-        .claim_batch(w, CPU, 3, true, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 2, true, PollContext::default(), |_, _| Some(vec![]))
         .await
         .unwrap();
     let task_of = |job: i64| claimed.iter().find(|c| c.job_id == job).unwrap().clone();
@@ -531,17 +647,12 @@ async fn tasks_a_worker_does_not_list_go_back_to_the_queue() {
         store.mark_running(w, c.task_id, c.attempt).await.unwrap();
     }
 
-    // The worker's next poll lists only `kept`: the first answer never arrived, and it lost
-    // track of `forgotten` (its process is gone).
+    // The worker lost track of `forgotten` (its process is gone, its end never came).
     let touched = store
-        .reconcile_worker_tasks(w, &[task_of(kept).task_id])
+        .fail_forgotten_tasks(w, &[task_of(kept).task_id])
         .await
         .unwrap();
-    assert_eq!(touched, 2);
-    assert_eq!(
-        store.get_job(lost_answer).await.unwrap().state,
-        domain::JobState::Pending
-    );
+    assert_eq!(touched, 1);
     let retried = store.get_job(forgotten).await.unwrap();
     assert_eq!(retried.state, domain::JobState::Pending);
     assert_eq!(
@@ -552,16 +663,105 @@ async fn tasks_a_worker_does_not_list_go_back_to_the_queue() {
         store.get_job(kept).await.unwrap().state,
         domain::JobState::Running
     );
-
     let again = store
-        .claim_batch(w, CPU, 1, true, |_, _| Some(vec![]))
+        .claim_batch(w, CPU, 1, true, PollContext::default(), |_, _| Some(vec![]))
         .await
         .unwrap();
-    assert_eq!(again[0].job_id, lost_answer);
+    assert_eq!(again[0].job_id, forgotten);
     assert_eq!(
         again[0].attempt, 2,
         "a new attempt, so the lost one is fenced off"
     );
+}
+
+#[tokio::test]
+async fn a_batch_of_ends_finishes_each_job_once_dated_by_the_workers_ages() {
+    let store = store().await;
+    let specs = vec![spec(Accelerator::Cpu); 3];
+    let jobs = store
+        .insert_jobs(&specs, None, &vec![None; 3])
+        .await
+        .unwrap();
+    let w = worker(&store, "w", 0).await;
+    let mut claimed = store
+        .claim_batch(w, CPU, 3, true, PollContext::default(), |_, _| Some(vec![]))
+        .await
+        .unwrap();
+    claimed.sort_by_key(|c| c.job_id);
+    // Reports date events by age, never before the assignment: let the ages fit.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The first one's start was reported on its own; the others' starts travel with their
+    // ends (short jobs), as the worker sends them.
+    store
+        .record_starts(
+            w,
+            &[store::StartReport {
+                task_id: claimed[0].task_id,
+                attempt: 1,
+                age: Duration::from_millis(60),
+            }],
+        )
+        .await
+        .unwrap();
+    let end = |c: &store::Claimed, code: i32| store::FinishReport {
+        task_id: c.task_id,
+        attempt: c.attempt,
+        completion: Completion {
+            exit_code: Some(code),
+            error: None,
+        },
+        started_age: Some(Duration::from_millis(40)),
+        age: Duration::from_millis(20),
+    };
+    let stale = store::FinishReport {
+        attempt: 7,
+        ..end(&claimed[2], 0)
+    };
+    let batch = vec![
+        end(&claimed[0], 0),
+        end(&claimed[1], 2),
+        stale.clone(),
+        end(&claimed[2], 0),
+    ];
+    let lost = store.finish_tasks(w, &batch).await.unwrap();
+    assert_eq!(lost, vec![(claimed[2].task_id, 7)]);
+    let repeated = store.finish_tasks(w, &batch).await.unwrap();
+    assert_eq!(
+        repeated,
+        vec![(claimed[2].task_id, 7)],
+        "repeats are no-ops"
+    );
+
+    let states: Vec<domain::JobState> = futures_util::future::join_all(jobs.iter().map(|&j| {
+        let store = store.clone();
+        async move { store.get_job(j).await.unwrap().state }
+    }))
+    .await;
+    use domain::JobState::{Failed, Succeeded};
+    assert_eq!(states, vec![Succeeded, Failed, Succeeded]);
+    // Every job: assigned, one running, one end, in that order; times from the ages.
+    for &job in &jobs {
+        let kinds: Vec<String> = sqlx::query_scalar(
+            "SELECT kind FROM events WHERE job_id = $1 AND kind <> 'submitted' ORDER BY id",
+        )
+        .bind(job)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(kinds.len(), 3, "{kinds:?}");
+        assert_eq!(&kinds[..2], ["assigned", "running"], "{kinds:?}");
+        let (started_ms, ran_ms): (f64, f64) = sqlx::query_as(
+            "SELECT extract(epoch FROM now() - t.started_at)::float8 * 1000,
+                    extract(epoch FROM t.finished_at - t.started_at)::float8 * 1000
+             FROM tasks t WHERE t.job_id = $1",
+        )
+        .bind(job)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert!(started_ms >= 40.0, "{started_ms}");
+        assert!((15.0..100.0).contains(&ran_ms), "{ran_ms}");
+    }
 }
 
 #[tokio::test]
@@ -582,7 +782,7 @@ async fn cancels_racing_claims_neither_deadlock_nor_run_a_cancelled_job() {
         for _ in 0..20 {
             claimed.extend(
                 store
-                    .claim_batch(w, CPU, 2, true, |_, _| Some(vec![]))
+                    .claim_batch(w, CPU, 2, true, PollContext::default(), |_, _| Some(vec![]))
                     .await
                     .expect("claim"),
             );
@@ -626,16 +826,22 @@ async fn a_claim_sees_the_devices_running_tasks_hold_and_records_its_own() {
     let lowest_free =
         |_: &domain::JobSpec, busy: &[u32]| (0..2).find(|d| !busy.contains(d)).map(|d| vec![d]);
     let first = store
-        .claim_batch(w, &kinds, 3, true, lowest_free)
+        .claim_batch(w, &kinds, 3, true, PollContext::default(), lowest_free)
         .await
         .unwrap();
     assert_eq!(
         first.iter().map(|c| c.devices.clone()).collect::<Vec<_>>(),
         vec![vec![0], vec![1]]
     );
+    let both: Vec<i64> = first.iter().map(|c| c.task_id).collect();
+    let poll = PollContext {
+        seq: 0,
+        running: &both,
+        redeliver: false,
+    };
     assert!(
         store
-            .claim_batch(w, &kinds, 1, true, lowest_free)
+            .claim_batch(w, &kinds, 1, true, poll, lowest_free)
             .await
             .unwrap()
             .is_empty(),
@@ -660,8 +866,14 @@ async fn a_claim_sees_the_devices_running_tasks_hold_and_records_its_own() {
         )
         .await
         .unwrap();
+    let still_running = [first[0].task_id];
+    let poll = PollContext {
+        seq: 0,
+        running: &still_running,
+        redeliver: false,
+    };
     let third = store
-        .claim_batch(w, &kinds, 1, true, lowest_free)
+        .claim_batch(w, &kinds, 1, true, poll, lowest_free)
         .await
         .unwrap();
     assert_eq!(
@@ -745,13 +957,19 @@ async fn higher_priorities_are_claimed_first_and_ties_in_submit_order() {
         .await
         .unwrap();
     let w = worker(&store, "w", 0).await;
-    let mut order = Vec::new();
+    let (mut order, mut running) = (Vec::new(), Vec::new());
     for _ in 0..4 {
+        let poll = PollContext {
+            seq: 0,
+            running: &running,
+            redeliver: false,
+        };
         let c = store
-            .claim_batch(w, CPU, 1, false, |_, _| Some(vec![]))
+            .claim_batch(w, CPU, 1, false, poll, |_, _| Some(vec![]))
             .await
             .unwrap();
         order.push(c[0].job_id);
+        running.push(c[0].task_id);
     }
     assert_eq!(order, vec![urgent, normal_1, normal_2, low]);
 }
