@@ -12,6 +12,7 @@ use crate::shipper::{ShipEnd, Shipper, split_long_line};
 use client::Client;
 use nix::sys::signal::Signal;
 use protocol::{Assignment, StopWhy, Stream, TaskLease};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -143,23 +144,17 @@ async fn empty_work_dir(dir: &Path) {
     .await;
 }
 
-/// What a task left in `dir`: everything inside `src` and `output`, and anything else.
+/// What a task left in `dir`: everything inside `src` and `output`. (The worker's own files
+/// beside them, a source being downloaded and packed outputs, are removed once used.)
 fn leftovers(dir: &Path) -> Vec<PathBuf> {
-    let entries = |d: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(d)
-            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default()
-    };
-    let mut out = Vec::new();
-    for path in entries(dir) {
-        match path.file_name().and_then(|n| n.to_str()) {
-            Some("src" | "output") if path.is_dir() && !path.is_symlink() => {
-                out.extend(entries(&path))
-            }
-            _ => out.push(path),
-        }
-    }
-    out
+    ["src", "output"]
+        .into_iter()
+        .flat_map(|d| {
+            std::fs::read_dir(dir.join(d))
+                .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                .unwrap_or_else(|_| Vec::new())
+        })
+        .collect()
 }
 
 /// Stages, runs and waits. Ok(exit code) when the process ran; Err(reason) when it could not.
@@ -382,13 +377,51 @@ fn resolve_program(program: &str, src: &Path, search: Option<&std::ffi::OsStr>) 
     let Some(search) = search else {
         return p.to_path_buf();
     };
+    // A relative entry depends on the job's directory; only absolute ones are remembered.
+    let cacheable = std::env::split_paths(search).all(|d| d.is_absolute());
+    if cacheable && let Some(found) = RESOLVED.get(program, search) {
+        return found;
+    }
     for dir in std::env::split_paths(search) {
         let candidate = src.join(dir).join(program);
         if is_executable_file(&candidate) {
+            if cacheable {
+                RESOLVED.put(program, search, &candidate);
+            }
             return candidate;
         }
     }
     p.to_path_buf()
+}
+
+/// Programs found on a `PATH` lately: a lookup stats every entry (15 of them here, for
+/// `true`), the largest part of starting a short job but the spawn itself. An entry is
+/// trusted for `RESOLVED_FOR` and while the file is still there, so a program installed
+/// earlier on the `PATH` is picked up within seconds.
+struct Resolved(std::sync::Mutex<HashMap<(String, std::ffi::OsString), (PathBuf, Instant)>>);
+
+const RESOLVED_FOR: Duration = Duration::from_secs(5);
+
+static RESOLVED: std::sync::LazyLock<Resolved> =
+    std::sync::LazyLock::new(|| Resolved(std::sync::Mutex::default()));
+
+impl Resolved {
+    fn get(&self, program: &str, search: &std::ffi::OsStr) -> Option<PathBuf> {
+        let cache = self.0.lock().expect("resolved lock");
+        let (path, at) = cache.get(&(program.to_string(), search.to_os_string()))?;
+        (at.elapsed() < RESOLVED_FOR && is_executable_file(path)).then(|| path.clone())
+    }
+
+    fn put(&self, program: &str, search: &std::ffi::OsStr, path: &Path) {
+        let mut cache = self.0.lock().expect("resolved lock");
+        if cache.len() > 1000 {
+            cache.clear();
+        }
+        cache.insert(
+            (program.to_string(), search.to_os_string()),
+            (path.to_path_buf(), Instant::now()),
+        );
+    }
 }
 
 fn is_executable_file(path: &Path) -> bool {
@@ -435,25 +468,11 @@ async fn stage_source(
     let cached = cache.join(format!("{digest}.tar.gz"));
     if !cached.exists() {
         let partial = dir.join("source.tar.gz.partial");
-        ctx.client
-            .download_blob(digest, &partial)
-            .await
-            .map_err(|e| e.to_string())?;
-        let check = partial.clone();
-        let actual = tokio::task::spawn_blocking(move || {
-            std::fs::File::open(&check).and_then(archive::sha256_hex)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-        if actual != digest {
-            return Err(format!(
-                "the downloaded source hashes to {actual}, not {digest}"
-            ));
+        let fetched = fetch_source(ctx, digest, &partial, &cached).await;
+        if fetched.is_err() {
+            let _ = tokio::fs::remove_file(&partial).await;
         }
-        tokio::fs::rename(&partial, &cached)
-            .await
-            .map_err(|e| e.to_string())?;
+        fetched?;
     }
     let (from, to) = (cached.clone(), src.to_path_buf());
     tokio::task::spawn_blocking(move || {
@@ -504,8 +523,39 @@ async fn upload_outputs(
     if !any {
         return Ok(());
     }
-    ctx.client
+    let uploaded = ctx
+        .client
         .upload_outputs(ctx.worker, a.task.0, a.attempt.0, &packed)
+        .await
+        .map_err(|e| e.to_string());
+    let _ = tokio::fs::remove_file(&packed).await;
+    uploaded
+}
+
+/// Downloads a source blob to `partial`, checks its digest and moves it to `cached`.
+async fn fetch_source(
+    ctx: &TaskContext,
+    digest: &str,
+    partial: &Path,
+    cached: &Path,
+) -> Result<(), String> {
+    ctx.client
+        .download_blob(digest, partial)
+        .await
+        .map_err(|e| e.to_string())?;
+    let check = partial.to_path_buf();
+    let actual = tokio::task::spawn_blocking(move || {
+        std::fs::File::open(&check).and_then(archive::sha256_hex)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    if actual != digest {
+        return Err(format!(
+            "the downloaded source hashes to {actual}, not {digest}"
+        ));
+    }
+    tokio::fs::rename(partial, cached)
         .await
         .map_err(|e| e.to_string())
 }
