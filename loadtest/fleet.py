@@ -10,10 +10,14 @@ Reports, as one JSON object:
     before the fleet starts and again after it stops, and the ratio is to their mean: on a
     shared machine the speed drifts within a minute;
   - submit->start latency p50/p99 on the idle fleet (jobs submitted one at a time);
-  - exactly-once checks from the database: every job succeeded, none ran twice.
+  - exactly-once checks from the database: every job succeeded, none ran twice;
+  - with --cpu-window S: the CPU each part of the system spent per job over S seconds of the
+    throughput phase (PostgreSQL, the API, the workers, the processes they started), from
+    /proc, next to the CPU per `true` of the direct spawn.
 
 Usage:
-  loadtest/fleet.py [--workers 32] [--slots 4] [--jobs 10000] [--latency-jobs 200] [--bin PATH]
+  loadtest/fleet.py [--workers 32] [--slots 4] [--jobs 10000] [--latency-jobs 200]
+                    [--cpu-window 0] [--bin PATH]
 """
 
 import argparse
@@ -25,6 +29,35 @@ import subprocess
 import sys
 import tempfile
 import time
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_part():
+    """CPU seconds so far of every process, by part of the system: its own and its reaped
+    children's (the `true` processes a worker started are its children)."""
+    parts = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmd = f.read().split("\0")
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        own, kids = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+        if comm == "postgres":
+            name = "postgres"
+        elif comm == "gpulayer" and len(cmd) > 1 and cmd[1] in ("up", "join"):
+            name = {"up": "api", "join": "workers"}[cmd[1]]
+        else:
+            continue
+        parts[name] = parts.get(name, 0) + own
+        if name == "workers":
+            parts["their jobs"] = parts.get("their jobs", 0) + kids
+    return {k: v / CLOCK_TICKS for k, v in parts.items()}
 
 
 def pct(values, p):
@@ -109,6 +142,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=10000)
     ap.add_argument("--latency-jobs", type=int, default=200)
+    ap.add_argument("--cpu-window", type=float, default=0.0)
     ap.add_argument("--bin", default=os.environ.get("GPULAYER_BIN", "gpulayer"))
     args = ap.parse_args()
     parallel = args.workers * args.slots
@@ -118,6 +152,13 @@ def main() -> int:
         t = time.time()
         subprocess.run(f"seq {args.jobs} | xargs -P {parallel} -n 1 true", shell=True, check=True)
         return args.jobs / (time.time() - t)
+
+    def direct_spawn_cpu_ms():
+        before = os.times()
+        subprocess.run(f"seq {args.jobs} | xargs -P {parallel} -n 1 true", shell=True, check=True)
+        after = os.times()
+        cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        return cpu * 1000 / args.jobs
 
     direct_before = direct_spawn_rate()
     fleet = Fleet(args.bin, args.workers, args.slots)
@@ -139,7 +180,20 @@ def main() -> int:
                 f.write('{"command": ["true"]}\n')
         first_id = int(fleet.sql("SELECT coalesce(max(id), 0) FROM jobs")[0][0]) + 1
         t0 = time.time()
-        fleet.cli("submit", "--batch", batch)
+        submit = subprocess.Popen([fleet.bin, "submit", "--batch", batch], env=fleet.env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cpu = None
+        if args.cpu_window > 0:
+            # A window in the steady middle: after the first jobs run, before the tail.
+            time.sleep(2.0)
+            done = f"SELECT count(*) FROM tasks WHERE state = 'succeeded' AND job_id >= {first_id}"
+            n0, c0 = int(fleet.sql(done)[0][0]), cpu_by_part()
+            time.sleep(args.cpu_window)
+            n1, c1 = int(fleet.sql(done)[0][0]), cpu_by_part()
+            cpu = {"jobs_in_window": n1 - n0}
+            cpu.update({k: round((c1[k] - c0.get(k, 0)) * 1000 / max(1, n1 - n0), 3) for k in c1})
+        if submit.wait() != 0:
+            raise SystemExit(f"submit --batch failed: {submit.stderr.read()}")
         deadline = t0 + 1800
         while True:
             left = int(fleet.sql(f"SELECT count(*) FROM jobs WHERE id >= {first_id} AND state NOT IN ('succeeded','failed','cancelled')")[0][0])
@@ -162,6 +216,8 @@ def main() -> int:
 
     direct_after = direct_spawn_rate()
     direct_rate = (direct_before + direct_after) / 2
+    if cpu is not None:
+        cpu["direct_spawn_per_true"] = round(direct_spawn_cpu_ms(), 3)
 
     print(json.dumps({
         "workers": args.workers, "slots": args.slots, "jobs": args.jobs,
@@ -172,6 +228,7 @@ def main() -> int:
         "submit_to_start_ms": {"p50": round(statistics.median(lat), 2), "p99": round(pct(lat, 99), 2),
                                "max": round(max(lat), 2), "n": len(lat)},
         "exactly_once": {"succeeded": int(ok), "not_succeeded": int(failed), "ran_more_than_once": int(reran)},
+        **({"cpu_ms_per_job": cpu} if cpu is not None else {}),
     }, indent=2))
     return 0
 
