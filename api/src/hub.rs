@@ -3,8 +3,9 @@
 //! After the listener reconnects, everyone is woken, since hints sent meanwhile are lost.
 //!
 //! Two fan-outs, so nobody is woken for what it does not wait for: workers' long polls hear
-//! of new work and stop orders; log followers hear of their jobs' lines and ends (one of
-//! those per job start, line batch and end: far too many to wake every held poll with).
+//! of new work, stop orders and gang nodes pushed to them; log followers hear of their jobs'
+//! lines and ends (one of those per job start, line batch and end: far too many to wake
+//! every held poll with).
 
 use std::time::Duration;
 use store::{Channel, Store, Wakeup};
@@ -42,10 +43,11 @@ impl Hub {
                         loop {
                             match listener.recv().await {
                                 Ok(
-                                    w @ Wakeup::Notified {
+                                    w @ (Wakeup::Notified {
                                         channel: Channel::Work | Channel::Stop,
                                         ..
-                                    },
+                                    }
+                                    | Wakeup::Pushed(_)),
                                 ) => {
                                     let _ = workers.send(w);
                                 }
@@ -78,15 +80,19 @@ impl Hub {
     }
 }
 
-/// Waits until a wakeup satisfying `relevant` arrives (or the receiver lagged, or the listener
-/// reconnected, after which anything may have changed).
-pub async fn wait_for(rx: &mut broadcast::Receiver<Wakeup>, relevant: impl Fn(&Wakeup) -> bool) {
+/// Waits until a wakeup satisfying `relevant` arrives, and returns it; `Reconnected` also
+/// when the receiver lagged or the listener reconnected, after which anything may have
+/// changed.
+pub async fn wait_for(
+    rx: &mut broadcast::Receiver<Wakeup>,
+    relevant: impl Fn(&Wakeup) -> bool,
+) -> Wakeup {
     loop {
         match rx.recv().await {
-            Ok(Wakeup::Reconnected) => return,
-            Ok(w) if relevant(&w) => return,
+            Ok(Wakeup::Reconnected) => return Wakeup::Reconnected,
+            Ok(w) if relevant(&w) => return w,
             Ok(_) => continue,
-            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Lagged(_)) => return Wakeup::Reconnected,
             // The hub never closes while the server runs; if it did, don't spin.
             Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
         }

@@ -66,6 +66,25 @@ pub(crate) fn job_view(row: JobRow) -> JobView {
         assigned_at: row.assigned_at,
         started_at: row.started_at,
         finished_at: row.finished_at,
+        layout: row.spec.layout,
+        nodes: vec![],
+    }
+}
+
+fn node_view(n: store::NodeRow) -> protocol::NodeView {
+    protocol::NodeView {
+        node: n.node as u32,
+        worker: n.worker_id.zip(n.worker_name).map(|(id, name)| WorkerRef {
+            id: domain::WorkerId(id),
+            name,
+        }),
+        state: n.state,
+        attempt: n.attempt,
+        exit_code: n.exit_code,
+        reason: n.reason,
+        devices: n.devices,
+        started_at: n.started_at,
+        finished_at: n.finished_at,
     }
 }
 
@@ -77,6 +96,7 @@ fn log_line(l: StoredLine) -> LogLine {
         stream: Stream::from_i16(l.stream),
         text: l.text,
         at: l.at,
+        rank: l.rank.map(|r| r as u32),
     }
 }
 
@@ -230,9 +250,19 @@ pub async fn status(
     let row = app.store.get_job(job_id(&id)?).await?;
     let pending = row.state == JobState::Pending;
     let spec = row.spec.clone();
+    let gang = row.spec.layout.is_gang();
     let mut view = job_view(row);
+    if gang {
+        view.nodes = app
+            .store
+            .job_nodes(view.id.0)
+            .await?
+            .into_iter()
+            .map(node_view)
+            .collect();
+    }
     if pending {
-        view.waiting = Some(crate::placement::waiting(&app, &spec).await?);
+        view.waiting = Some(crate::placement::waiting(&app, view.id.0, &spec).await?);
     }
     Ok(Json(view))
 }
@@ -263,6 +293,15 @@ pub struct LogsQuery {
     pub after: Option<String>,
     /// At most this many lines (default and maximum 2000).
     pub limit: Option<i64>,
+    /// Only the lines of this process (its global rank) of a multi-process job.
+    pub rank: Option<u32>,
+}
+
+/// `GET /v1/jobs/{id}/logs/ws` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct FollowQuery {
+    /// Only the lines of this process (its global rank) of a multi-process job.
+    pub rank: Option<u32>,
 }
 
 /// A page of a job's log lines so far.
@@ -278,7 +317,8 @@ pub async fn logs_page(
     let job = app.store.get_job(id).await?;
     let after = q.after.as_deref().map(parse_after).transpose()?;
     let limit = q.limit.unwrap_or(LOG_READ_LIMIT).clamp(1, LOG_READ_LIMIT);
-    let lines = app.store.read_logs_after(id, after, limit).await?;
+    let rank = q.rank.map(|r| r as i32);
+    let lines = app.store.read_logs_after(id, after, limit, rank).await?;
     Ok(Json(LogPage {
         lines: lines.into_iter().map(log_line).collect(),
         job_state: job.state,
@@ -304,18 +344,19 @@ fn parse_after(s: &str) -> ApiResult<LogCursor> {
 
 /// Streams a job's log lines over a websocket (JSON text frames of `LogStreamMessage`): every
 /// line stored so far, then new lines as they are stored, then `end` when the job is done.
-#[utoipa::path(get, path = "/v1/jobs/{id}/logs/ws", responses((status = 101, description = "websocket of LogStreamMessage frames")))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs/ws", params(FollowQuery), responses((status = 101, description = "websocket of LogStreamMessage frames")))]
 pub async fn logs_ws(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(q): Query<FollowQuery>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
     caller.require(Permission::ReadJobs)?;
     let id = job_id(&id)?;
     app.store.get_job(id).await?; // 404 before upgrading, not after
     Ok(ws.on_upgrade(move |socket| async move {
-        if let Err(e) = follow_logs(app, id, socket).await {
+        if let Err(e) = follow_logs(app, id, q.rank.map(|r| r as i32), socket).await {
             tracing::debug!(job = id, error = %e, "log stream ended early");
         }
     }))
@@ -324,6 +365,7 @@ pub async fn logs_ws(
 async fn follow_logs(
     app: AppState,
     job: i64,
+    rank: Option<i32>,
     mut socket: WebSocket,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut cursors: HashMap<(i64, i32), i64> = HashMap::new();
@@ -341,7 +383,10 @@ async fn follow_logs(
                     seq,
                 })
                 .collect();
-            let lines = app.store.read_logs(job, &after, LOG_READ_LIMIT).await?;
+            let lines = app
+                .store
+                .read_logs(job, &after, LOG_READ_LIMIT, rank)
+                .await?;
             let full = lines.len() as i64 == LOG_READ_LIMIT;
             for line in lines {
                 cursors.insert((line.task_id, line.attempt), line.seq);

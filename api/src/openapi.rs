@@ -29,6 +29,8 @@ use utoipa::OpenApi;
         crate::worker_channel::poll,
         crate::worker_channel::heartbeat,
         crate::worker_channel::append_logs,
+        crate::worker_channel::set_rendezvous,
+        crate::worker_channel::rendezvous,
         crate::worker_channel::upload_outputs,
     ),
     components(schemas(protocol::LogStreamMessage))

@@ -45,6 +45,8 @@ pub struct AppState {
     pub worker_views: Arc<std::sync::Mutex<std::collections::HashMap<i64, scheduler::WorkerView>>>,
     /// Held polls that one notification woke take turns to claim (see [`WokenClaims`]).
     pub woken_claims: Arc<tokio::sync::Mutex<crate::worker_channel::WokenClaims>>,
+    /// When this replica's claims last looked for a gang to start.
+    pub gang_tries: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl AppState {
@@ -58,6 +60,7 @@ impl AppState {
             tokens: Arc::default(),
             worker_views: Arc::default(),
             woken_claims: Arc::default(),
+            gang_tries: Arc::default(),
         }
     }
 }
@@ -97,6 +100,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/workers/{worker}/tasks/{task}/attempts/{attempt}/logs",
             post(worker_channel::append_logs),
+        )
+        .route(
+            "/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous",
+            post(worker_channel::set_rendezvous).get(worker_channel::rendezvous),
         )
         .route(
             "/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs",

@@ -19,7 +19,8 @@ use axum::http::StatusCode;
 use domain::{Attempt, JobId, TaskId, WorkerId};
 use protocol::{
     Assignment, HeartbeatRequest, LogBatch, PollRequest, PollResponse, RegisterRequest,
-    RegisterResponse, StopOrder, StopWhy, TaskLease, TaskReports, WorkerList, WorkerSummary,
+    RegisterResponse, RendezvousAnswer, RendezvousPoint, StopOrder, StopWhy, TaskLease,
+    TaskReports, WorkerList, WorkerSummary,
 };
 use std::time::Duration;
 use store::{Channel, Completion, FinishReport, StartReport, StopReason, Wakeup};
@@ -233,7 +234,9 @@ pub async fn poll(
     let reports = !req.reports.is_empty();
     let (started, finished) = store_reports(req.reports);
     let (mut started, mut finished, mut reconcile) = (Some(started), Some(finished), req.reconcile);
-    // Set once the poll has waited: from then on it claims only when woken, in turn.
+    // Set once the poll was woken by new work: then it claims only in turn (see
+    // `WokenClaims`). Woken for itself (a gang node pushed to it), after a lost notification
+    // or by the periodic re-check, it claims at once.
     let mut woken_at: Option<Instant> = None;
     let mut lost: Vec<TaskLease> = Vec::new();
     loop {
@@ -241,7 +244,7 @@ pub async fn poll(
         // shielded from that cancellation: a query cut off half way makes sqlx throw its
         // connection away, and connections are expensive to replace.
         let check = {
-            let (store, running, mut view, free, seq, turns) = (
+            let (store, running, view, free, seq, turns) = (
                 app.store.clone(),
                 running.clone(),
                 view.clone(),
@@ -249,6 +252,7 @@ pub async fn poll(
                 req.poll_seq,
                 app.woken_claims.clone(),
             );
+            let gangs_due = gangs_due(&app);
             // The reports and the reconciliation go with the first round only.
             let (started, finished) = (
                 started.take().unwrap_or_default(),
@@ -268,9 +272,9 @@ pub async fn poll(
                     free_slots: free,
                     track_devices: !view.inventory.devices.is_empty(),
                 };
-                let place = |spec: &domain::JobSpec, busy: &[u32]| {
-                    view.busy_devices = busy.to_vec();
-                    scheduler::fit_now(&view, spec).ok()
+                let placer = RoundPlacer {
+                    view: view.clone(),
+                    gangs_due,
                 };
                 // Nothing awaits delivery to a held poll (its first round delivered it, and
                 // older polls are fenced off), so once woken it only looks for new work.
@@ -290,7 +294,7 @@ pub async fn poll(
                     }
                     _ => None,
                 };
-                store.poll_round(&round, place).await
+                store.poll_round(&round, placer).await
             }
         };
         let outcome = shielded(check).await?;
@@ -311,6 +315,7 @@ pub async fn poll(
                 attempt: Attempt(c.attempt),
                 spec: c.spec,
                 devices: c.devices,
+                node: c.node,
             })
             .collect();
         if superseded
@@ -326,22 +331,83 @@ pub async fn poll(
                 lost,
             }));
         }
-        let relevant = |w: &Wakeup| {
-            matches!(
-                w,
-                Wakeup::Notified {
-                    channel: Channel::Work | Channel::Stop,
-                    ..
-                }
-            )
+        let relevant = |w: &Wakeup| match w {
+            Wakeup::Notified {
+                channel: Channel::Work | Channel::Stop,
+                ..
+            } => true,
+            Wakeup::Pushed(workers) => workers.contains(&worker),
+            _ => false,
         };
-        tokio::select! {
-            _ = crate::hub::wait_for(&mut rx, relevant) => {}
-            _ = tokio::time::sleep_until(deadline.min(Instant::now() + POLL_SAFETY_RECHECK)) => {}
-        }
-        woken_at = Some(Instant::now());
+        let woken = tokio::select! {
+            w = crate::hub::wait_for(&mut rx, relevant) => Some(w),
+            _ = tokio::time::sleep_until(deadline.min(Instant::now() + POLL_SAFETY_RECHECK)) => None,
+        };
+        woken_at = match woken {
+            Some(Wakeup::Notified { .. }) => Some(Instant::now()),
+            _ => None,
+        };
         // No heartbeat here: every NOTIFY wakes every held poll, and the worker's own
         // heartbeats keep its lease; a lost worker is caught by the claim.
+    }
+}
+
+/// How often a replica's claims look for a gang to start, besides the claims of the workers
+/// a gang keeps (which always do): a gang that cannot start yet would otherwise cost every
+/// claim a few statements.
+const GANG_RETRY: Duration = Duration::from_millis(200);
+
+/// Whether this round should look for a gang to start (at most every `GANG_RETRY`).
+fn gangs_due(app: &AppState) -> bool {
+    let mut last = app.gang_tries.lock().expect("gang tries lock");
+    let now = Instant::now();
+    match *last {
+        Some(at) if now.duration_since(at) < GANG_RETRY => false,
+        _ => {
+            *last = Some(now);
+            true
+        }
+    }
+}
+
+/// The scheduler, as one poll's claim asks it: about candidates for the claiming worker, and
+/// about a gang on the whole fleet.
+struct RoundPlacer {
+    view: scheduler::WorkerView,
+    gangs_due: bool,
+}
+
+impl store::Placer for RoundPlacer {
+    fn fit(&mut self, spec: &domain::JobSpec, busy: &[u32]) -> Option<Vec<u32>> {
+        self.view.busy_devices = busy.to_vec();
+        scheduler::fit_now(&self.view, spec).ok()
+    }
+
+    fn gangs_due(&mut self) -> bool {
+        self.gangs_due
+    }
+
+    fn place_gang(
+        &mut self,
+        spec: &domain::JobSpec,
+        workers: &[store::WorkerRow],
+        reserved: &[i64],
+    ) -> store::GangChoice {
+        let views: Vec<scheduler::WorkerView> = workers
+            .iter()
+            .cloned()
+            .map(crate::placement::view_of)
+            .collect();
+        let reserved: Vec<WorkerId> = reserved.iter().copied().map(WorkerId).collect();
+        match scheduler::place_gang(&views, spec, &reserved) {
+            scheduler::GangDecision::Place { nodes, .. } => {
+                store::GangChoice::Assign(nodes.into_iter().map(|(w, d)| (w.0, d)).collect())
+            }
+            scheduler::GangDecision::Reserve { workers, .. } => {
+                store::GangChoice::Reserve(workers.into_iter().map(|w| w.0).collect())
+            }
+            scheduler::GangDecision::Unplaceable { .. } => store::GangChoice::Wait,
+        }
     }
 }
 
@@ -428,6 +494,64 @@ pub async fn heartbeat(
     }))
 }
 
+/// Node 0 of a distributed job says where its processes meet.
+#[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", request_body = RendezvousPoint, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
+pub async fn set_rendezvous(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((worker, task, attempt)): Path<(i64, i64, i32)>,
+    body: Result<Json<RendezvousPoint>, JsonRejection>,
+) -> ApiResult<StatusCode> {
+    caller.require(Permission::ActAsWorker)?;
+    let point = json_body(body)?;
+    if point.addr.is_empty() || point.addr.len() > 255 || point.port == 0 {
+        return Err(ApiError::BadRequest(
+            "a rendezvous needs an address and a port other than 0".into(),
+        ));
+    }
+    let rendezvous = store::Rendezvous {
+        addr: point.addr,
+        port: point.port,
+    };
+    app.store
+        .set_rendezvous(worker, task, attempt, &rendezvous)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The longest a rendezvous request waits for node 0.
+const MAX_RENDEZVOUS_WAIT: Duration = Duration::from_secs(20);
+
+/// Where the other nodes of a distributed job meet node 0: answered as soon as node 0 has
+/// said (woken by NOTIFY), or with nothing after a while (ask again).
+#[utoipa::path(get, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", responses((status = 200, body = RendezvousAnswer), (status = 409, body = protocol::ErrorBody)))]
+pub async fn rendezvous(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((worker, task, attempt)): Path<(i64, i64, i32)>,
+) -> ApiResult<Json<RendezvousAnswer>> {
+    caller.require(Permission::ActAsWorker)?;
+    let deadline = Instant::now() + MAX_RENDEZVOUS_WAIT;
+    let mut rx = app.hub.subscribe_jobs();
+    loop {
+        let (job, found) = app.store.rendezvous(worker, task, attempt).await?;
+        if found.is_some() || Instant::now() >= deadline {
+            return Ok(Json(RendezvousAnswer {
+                rendezvous: found.map(|r| RendezvousPoint {
+                    addr: r.addr,
+                    port: r.port,
+                }),
+            }));
+        }
+        let relevant =
+            |w: &Wakeup| matches!(w, Wakeup::Notified { job_id: Some(j), .. } if *j == job);
+        tokio::select! {
+            _ = crate::hub::wait_for(&mut rx, relevant) => {}
+            _ = tokio::time::sleep_until(deadline.min(Instant::now() + POLL_SAFETY_RECHECK)) => {}
+        }
+    }
+}
+
 /// Appends log lines (idempotent by `seq`).
 #[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/logs", request_body = LogBatch, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
 pub async fn append_logs(
@@ -443,12 +567,14 @@ pub async fn append_logs(
             "at most {MAX_LOG_BATCH} lines per batch"
         )));
     }
-    let lines: Vec<(i64, i16, String)> = batch
+    let lines: Vec<(i64, i16, String, Option<i32>)> = batch
         .lines
         .into_iter()
-        .map(|l| (l.seq, l.stream.as_i16(), l.text))
+        .map(|l| (l.seq, l.stream.as_i16(), l.text, l.rank.map(|r| r as i32)))
         .collect();
-    app.store.append_logs(worker, task, attempt, &lines).await?;
+    app.store
+        .append_ranked_logs(worker, task, attempt, &lines)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

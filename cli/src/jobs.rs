@@ -180,6 +180,26 @@ pub(crate) async fn status(args: JobArg) -> Result<()> {
     for (k, v) in lines {
         println!("{:<12} {v}", format!("{k}:"));
     }
+    if job.layout.nodes > 1 || job.layout.procs_per_node > 1 {
+        println!(
+            "{:<12} {} node(s) x {} process(es), spread {}",
+            "layout:", job.layout.nodes, job.layout.procs_per_node, job.layout.spread
+        );
+    }
+    for n in &job.nodes {
+        let worker = n.worker.as_ref().map(|w| w.name.as_str()).unwrap_or("-");
+        let why = n
+            .reason
+            .as_deref()
+            .map(|r| format!("  {r}"))
+            .unwrap_or_default();
+        println!(
+            "{:<12} {:<10} on {worker} (attempt {}){why}",
+            format!("node {}:", n.node),
+            n.state,
+            n.attempt
+        );
+    }
     if let Some(waiting) = &job.waiting {
         println!(
             "waiting:     {}",

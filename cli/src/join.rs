@@ -28,6 +28,10 @@ pub(crate) struct JoinArgs {
     /// Keep each job's work directory after it ends (for debugging).
     #[arg(long)]
     keep_work_dirs: bool,
+    /// The address the other workers of a multi-node job reach this one at
+    /// [default: this machine's address on the route to the server].
+    #[arg(long, value_name = "ADDR")]
+    advertise_addr: Option<String>,
     /// The Python interpreter jobs run with; frameworks are checked with it.
     #[arg(long, default_value = "python3")]
     python: String,
@@ -102,6 +106,7 @@ pub(crate) async fn run(args: JoinArgs) -> Result<()> {
         slots: args.slots,
         work_root,
         keep_work_dirs: args.keep_work_dirs,
+        advertise_addr: args.advertise_addr,
         registered: Some(tx),
         inventory,
     };

@@ -15,6 +15,9 @@ pub(crate) struct LogsArgs {
     /// One JSON object per line (JSON Lines).
     #[arg(long)]
     json: bool,
+    /// Only the lines of this process of a multi-process job (its global rank, as RANK).
+    #[arg(long, value_name = "R")]
+    rank: Option<u32>,
 }
 
 /// stdout lines to stdout, stderr lines to stderr, GPUlayer's own lines to stderr marked.
@@ -27,13 +30,18 @@ pub(crate) fn print_line(line: &LogLine, json: bool) {
         }
         return;
     }
+    // The lines of a multi-process job say whose they are.
+    let rank = line
+        .rank
+        .map(|r| format!("[rank {r}] "))
+        .unwrap_or_default();
     match line.stream {
         Stream::Stdout => {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{}", line.text);
+            let _ = writeln!(out, "{rank}{}", line.text);
             let _ = out.flush();
         }
-        Stream::Stderr => eprintln!("{}", line.text),
+        Stream::Stderr => eprintln!("{rank}{}", line.text),
         Stream::System => eprintln!("[gpulayer] {}", line.text),
     }
 }
@@ -54,10 +62,11 @@ pub(crate) fn job_exit_code(end: &LogStreamMessage) -> u8 {
 pub(crate) async fn follow(
     client: &client::Client,
     job: i64,
+    rank: Option<u32>,
     json: bool,
 ) -> Result<LogStreamMessage> {
     let end = client
-        .follow_logs(job, |line| print_line(line, json))
+        .follow_rank_logs(job, rank, |line| print_line(line, json))
         .await?;
     if let LogStreamMessage::End { state, reason, .. } = &end {
         if json {
@@ -77,7 +86,7 @@ pub(crate) async fn run(args: LogsArgs) -> Result<()> {
     let job = crate::jobs::parse_job(&args.job)?;
     let client = crate::settings::client()?;
     if args.follow {
-        let end = follow(&client, job, args.json).await?;
+        let end = follow(&client, job, args.rank, args.json).await?;
         let code = job_exit_code(&end);
         if code != 0 {
             return Err(crate::Exit(code).into());
@@ -86,7 +95,7 @@ pub(crate) async fn run(args: LogsArgs) -> Result<()> {
     }
     let mut after: Option<String> = None;
     loop {
-        let page = client.logs_page(job, after.as_deref()).await?;
+        let page = client.logs_page(job, after.as_deref(), args.rank).await?;
         let Some(last) = page.lines.last() else { break };
         after = Some(format!("{}:{}:{}", last.task, last.attempt, last.seq));
         for line in &page.lines {

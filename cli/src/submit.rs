@@ -32,9 +32,31 @@ pub(crate) struct SubmitArgs {
     /// A name to recognise the job by.
     #[arg(long)]
     name: Option<String>,
-    /// How many devices of the accelerator kind [default: 1 for cuda/mps].
+    /// How many devices of the accelerator kind each node needs [default: one per process
+    /// for cuda/mps].
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     devices: Option<String>,
+    /// Run on this many workers at once, all started together (a gang).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        allow_hyphen_values = true
+    )]
+    nodes: i64,
+    /// Start this many processes on each node, with torchrun's environment (RANK,
+    /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and their own devices.
+    #[arg(
+        long,
+        value_name = "M",
+        default_value_t = 1,
+        allow_hyphen_values = true
+    )]
+    procs_per_node: i64,
+    /// How far apart the nodes may be: zone (several zones of one region) or region (several
+    /// regions too). Nodes are kept as close as the fleet allows either way.
+    #[arg(long, value_name = "zone|region", default_value = "zone")]
+    spread: String,
     /// Least memory each device must have, e.g. 40GiB.
     #[arg(long, value_name = "SIZE")]
     min_device_memory: Option<String>,
@@ -117,9 +139,19 @@ fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
         retry_failed: args.retry_failed,
         priority: args.priority,
         timeout_seconds: args.timeout,
+        layout: domain::Layout {
+            nodes: count("--nodes", args.nodes)?,
+            procs_per_node: count("--procs-per-node", args.procs_per_node)?,
+            spread: domain::Spread::parse(&args.spread)?,
+        },
     };
     spec.check()?;
     Ok(spec)
+}
+
+/// A count as typed; negative ones get the same message as zero.
+fn count(flag: &str, n: i64) -> Result<u32> {
+    u32::try_from(n).or_else(|_| bail!("{flag} must be at least 1, not {n}"))
 }
 
 /// Exit code of a submit that no worker could ever run (and of a dry run that finds none).
@@ -241,7 +273,7 @@ pub(crate) async fn run(args: SubmitArgs) -> Result<()> {
         eprintln!("submitted job {} ({})", job.id, job.state);
     }
     if args.follow {
-        let end = follow(&client, job.id.0, args.json).await?;
+        let end = follow(&client, job.id.0, None, args.json).await?;
         let code = job_exit_code(&end);
         if code != 0 {
             return Err(crate::Exit(code).into());

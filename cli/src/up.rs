@@ -154,6 +154,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             slots: args.worker_slots.max(1),
             work_root: data_dir.join("worker"),
             keep_work_dirs: false,
+            advertise_addr: None,
             registered: None,
             inventory: worker::InventorySource::Probe {
                 python: "python3".into(),

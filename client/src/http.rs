@@ -288,11 +288,25 @@ impl Client {
         .await
     }
 
-    /// One page of log lines after `after` (`TASK:ATTEMPT:SEQ`).
-    pub async fn logs_page(&self, id: i64, after: Option<&str>) -> Result<LogPage, ClientError> {
-        let mut path = format!("/v1/jobs/{id}/logs");
+    /// One page of log lines after `after` (`TASK:ATTEMPT:SEQ`), of process `rank` only if
+    /// given.
+    pub async fn logs_page(
+        &self,
+        id: i64,
+        after: Option<&str>,
+        rank: Option<u32>,
+    ) -> Result<LogPage, ClientError> {
+        let mut query: Vec<String> = Vec::new();
         if let Some(a) = after {
-            path.push_str(&format!("?after={a}"));
+            query.push(format!("after={a}"));
+        }
+        if let Some(r) = rank {
+            query.push(format!("rank={r}"));
+        }
+        let mut path = format!("/v1/jobs/{id}/logs");
+        if !query.is_empty() {
+            path.push('?');
+            path.push_str(&query.join("&"));
         }
         self.get_json(&path).await
     }
@@ -466,6 +480,30 @@ impl Client {
         batch: &LogBatch,
     ) -> Result<(), ClientError> {
         self.post_no_content(&Self::task_path(worker, task, attempt, "logs"), batch)
+            .await
+    }
+
+    /// Node 0 of a distributed job says where its processes meet.
+    pub async fn set_rendezvous(
+        &self,
+        worker: i64,
+        task: i64,
+        attempt: i32,
+        point: &protocol::RendezvousPoint,
+    ) -> Result<(), ClientError> {
+        self.post_no_content(&Self::task_path(worker, task, attempt, "rendezvous"), point)
+            .await
+    }
+
+    /// Where node 0 of the job meets the others, once it has said (the server waits a while
+    /// for it before answering nothing).
+    pub async fn rendezvous(
+        &self,
+        worker: i64,
+        task: i64,
+        attempt: i32,
+    ) -> Result<protocol::RendezvousAnswer, ClientError> {
+        self.get_json(&Self::task_path(worker, task, attempt, "rendezvous"))
             .await
     }
 

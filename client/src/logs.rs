@@ -19,13 +19,23 @@ impl Client {
     pub async fn follow_logs(
         &self,
         id: i64,
+        on_line: impl FnMut(&LogLine),
+    ) -> Result<LogStreamMessage, ClientError> {
+        self.follow_rank_logs(id, None, on_line).await
+    }
+
+    /// `follow_logs` for the lines of process `rank` only (all with None).
+    pub async fn follow_rank_logs(
+        &self,
+        id: i64,
+        rank: Option<u32>,
         mut on_line: impl FnMut(&LogLine),
     ) -> Result<LogStreamMessage, ClientError> {
         let mut seen: HashMap<(i64, i32), i64> = HashMap::new();
         let mut failing_since: Option<tokio::time::Instant> = None;
         loop {
             let tried = self.url().to_string();
-            match self.follow_once(id, &mut seen, &mut on_line).await {
+            match self.follow_once(id, rank, &mut seen, &mut on_line).await {
                 Ok(end) => return Ok(end),
                 Err(e) if e.is_transient() => {
                     self.fail_over(&tried);
@@ -43,14 +53,16 @@ impl Client {
     async fn follow_once(
         &self,
         id: i64,
+        rank: Option<u32>,
         seen: &mut HashMap<(i64, i32), i64>,
         on_line: &mut impl FnMut(&LogLine),
     ) -> Result<LogStreamMessage, ClientError> {
         let ws_url = format!(
-            "{}/v1/jobs/{id}/logs/ws",
+            "{}/v1/jobs/{id}/logs/ws{}",
             self.url()
                 .replacen("http://", "ws://", 1)
-                .replacen("https://", "wss://", 1)
+                .replacen("https://", "wss://", 1),
+            rank.map(|r| format!("?rank={r}")).unwrap_or_default()
         );
         let unreachable = |detail: String| ClientError::Unreachable {
             url: self.url().to_string(),

@@ -51,5 +51,6 @@ pub fn job(accelerator: Accelerator) -> JobSpec {
         retry_failed: false,
         priority: 0,
         timeout_seconds: None,
+        layout: Default::default(),
     }
 }

@@ -8,6 +8,7 @@
 //! - [`spec`] — what a user asks for (`JobSpec` and its parts).
 //! - [`inventory`] — what a worker has (`Inventory`, `Accelerator`).
 //! - [`requirements`] — device counts, memory, frameworks and labels a job asks for.
+//! - [`layout`] — nodes and processes per node, locality labels, the ranks' environment.
 //! - [`version`] — PEP 440 versions and specifiers for framework requirements.
 //! - [`topology`] — the GPU interconnect matrix (`nvidia-smi topo -m`).
 //! - [`state`] — job and task states and which transitions are legal.
@@ -17,6 +18,7 @@
 pub mod fixtures;
 pub mod ids;
 pub mod inventory;
+pub mod layout;
 pub mod requirements;
 pub mod spec;
 pub mod state;
@@ -25,6 +27,7 @@ pub mod version;
 
 pub use ids::{Attempt, JobId, TaskId, WorkerId};
 pub use inventory::{Accelerator, Device, FrameworkCheck, Inventory};
+pub use layout::{Layout, Locality, ProcessPlace, Spread};
 pub use requirements::{FrameworkSpec, LabelSelector, Library, Requirements};
 pub use spec::{Command, Digest, EnvVar, JobName, JobSpec, OutputGlob, SourceRef, SpecError};
 pub use state::{JobState, TaskState};

@@ -132,13 +132,6 @@ pub struct Requirements {
 }
 
 impl Requirements {
-    /// True when a job with `accelerator` asks a worker for nothing but that kind: no
-    /// devices, frameworks or labels. Every online worker offering the kind can run it, so the
-    /// queue claims such jobs without asking the scheduler about each.
-    pub fn asks_only_for_the_kind(&self, accelerator: Accelerator) -> bool {
-        self.device_count(accelerator) == 0 && self.frameworks.is_empty() && self.labels.is_empty()
-    }
-
     /// How many devices a job with `accelerator` needs.
     pub fn device_count(&self, accelerator: Accelerator) -> u32 {
         match (self.devices, accelerator.needs_device()) {

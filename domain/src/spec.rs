@@ -327,6 +327,10 @@ pub struct JobSpec {
     /// The longest one attempt may run before it is stopped and fails.
     #[serde(default)]
     pub timeout_seconds: Option<u64>,
+    /// Nodes, processes per node, and how far apart the nodes may be (one process on one
+    /// node unless asked).
+    #[serde(default)]
+    pub layout: crate::Layout,
 }
 
 /// Retries when a job does not say: a lost machine is not the job's fault, so try again, but
@@ -340,6 +344,26 @@ impl JobSpec {
     /// How many times the job may run in all.
     pub fn max_attempts(&self) -> u32 {
         1 + self.retries.unwrap_or(DEFAULT_RETRIES)
+    }
+
+    /// Devices of the job's kind each node needs: `--devices` if given, else one per
+    /// process for device kinds (none for cpu and any).
+    pub fn devices_per_node(&self) -> u32 {
+        match (self.requirements.devices, self.accelerator.needs_device()) {
+            (Some(n), true) => n,
+            (None, true) => self.layout.procs_per_node,
+            (_, false) => 0,
+        }
+    }
+
+    /// True when the job asks a worker for nothing but its accelerator kind: one node, no
+    /// devices, frameworks or labels. Every online worker offering the kind can run it, so
+    /// the queue claims such jobs without asking the scheduler about each.
+    pub fn is_plain(&self) -> bool {
+        !self.layout.is_gang()
+            && self.devices_per_node() == 0
+            && self.requirements.frameworks.is_empty()
+            && self.requirements.labels.is_empty()
     }
 
     /// Checks the parts against each other (each part was checked when it was parsed).
@@ -372,6 +396,25 @@ impl JobSpec {
             return Err(SpecError::Inconsistent(
                 "--min-device-memory needs a device kind: add --accelerator cuda or --accelerator mps".into(),
             ));
+        }
+        let layout = self.layout;
+        layout.check()?;
+        let (devices, procs) = (self.devices_per_node(), layout.procs_per_node);
+        if devices > 0 && devices % procs != 0 {
+            return Err(SpecError::Inconsistent(format!(
+                "--devices {devices} cannot be shared by --procs-per-node {procs}: each process gets its own devices, so ask for a multiple of {procs}"
+            )));
+        }
+        if layout.is_distributed()
+            && let Some(e) = self
+                .env
+                .iter()
+                .find(|e| crate::layout::RANK_ENV.contains(&e.name()))
+        {
+            return Err(SpecError::Inconsistent(format!(
+                "{} is set by GPUlayer for each process of a job with --nodes or --procs-per-node: leave it out",
+                e.name()
+            )));
         }
         Ok(())
     }

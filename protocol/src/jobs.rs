@@ -1,7 +1,7 @@
 //! Jobs as clients submit and see them.
 
 use chrono::{DateTime, Utc};
-use domain::{Accelerator, JobId, JobSpec, JobState, SourceRef, WorkerId};
+use domain::{Accelerator, JobId, JobSpec, JobState, Layout, SourceRef, WorkerId};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -66,6 +66,27 @@ pub struct JobView {
     pub waiting: Option<PlacementReport>,
     pub created_at: DateTime<Utc>,
     pub assigned_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Nodes, processes per node, and how far apart the nodes may be.
+    #[schema(value_type = Object)]
+    #[serde(default)]
+    pub layout: Layout,
+    /// A multi-node job's nodes, in node order (`status` only; empty otherwise).
+    #[serde(default)]
+    pub nodes: Vec<NodeView>,
+}
+
+/// One node of a multi-node job.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeView {
+    pub node: u32,
+    pub worker: Option<WorkerRef>,
+    pub state: String,
+    pub attempt: i32,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    pub devices: Vec<u32>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
 }

@@ -16,14 +16,14 @@ pub mod workers;
 
 pub use errors::{ErrorBody, ErrorCode};
 pub use jobs::{
-    BatchSubmitRequest, BatchSubmitResponse, CancelResponse, JobList, JobView, PlacementReport,
-    SubmitRequest, WorkerRef, WorkerVerdict,
+    BatchSubmitRequest, BatchSubmitResponse, CancelResponse, JobList, JobView, NodeView,
+    PlacementReport, SubmitRequest, WorkerRef, WorkerVerdict,
 };
 pub use logs::{LogLine, LogPage, LogStreamMessage, Stream};
 pub use workers::{
     Assignment, HeartbeatRequest, LogAppend, LogBatch, PollRequest, PollResponse, RegisterRequest,
-    RegisterResponse, StopOrder, StopWhy, TaskFinished, TaskLease, TaskReports, TaskStarted,
-    WorkerList, WorkerSummary,
+    RegisterResponse, RendezvousAnswer, RendezvousPoint, StopOrder, StopWhy, TaskFinished,
+    TaskLease, TaskReports, TaskStarted, WorkerList, WorkerSummary,
 };
 
 /// The path prefix of this protocol version.

@@ -43,6 +43,9 @@ pub struct LogLine {
     pub stream: Stream,
     pub text: String,
     pub at: DateTime<Utc>,
+    /// The global rank of the process that printed it, in a multi-process job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 /// `GET /v1/jobs/{id}/logs` response.

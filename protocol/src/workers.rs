@@ -124,6 +124,26 @@ pub struct Assignment {
     pub spec: JobSpec,
     /// Device indices reserved for it on this worker.
     pub devices: Vec<u32>,
+    /// Which node of its job this is (a multi-node job's node rank; 0 otherwise).
+    #[serde(default)]
+    pub node: u32,
+}
+
+/// `POST /v1/workers/{w}/tasks/{t}/attempts/{a}/rendezvous` body (node 0 of a distributed
+/// job), and what `GET` on the same path answers once node 0 has said.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct RendezvousPoint {
+    /// An address of node 0 that the other nodes reach.
+    pub addr: String,
+    /// A port free on node 0, where rank 0 listens.
+    pub port: u16,
+}
+
+/// `GET .../rendezvous` answer: where to meet, once node 0 has said (the call waits a while
+/// for it), else nothing yet.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct RendezvousAnswer {
+    pub rendezvous: Option<RendezvousPoint>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -168,6 +188,9 @@ pub struct LogAppend {
     pub seq: i64,
     pub stream: Stream,
     pub text: String,
+    /// The global rank of the process that printed it, in a multi-process job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 /// `POST /v1/tasks/{task}/attempts/{attempt}/logs` body.

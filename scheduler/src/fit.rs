@@ -194,7 +194,7 @@ pub fn check(
     spec: &JobSpec,
 ) -> Result<(), Reason> {
     let kind = spec.accelerator;
-    let needed = spec.requirements.device_count(kind);
+    let needed = spec.devices_per_node();
     if needed > 0 {
         let has = inventory.count(kind) as u32;
         if has < needed {

@@ -9,12 +9,15 @@
 //! - [`place`] — one job against a snapshot of the cluster: [`place`], [`eligibility`] and
 //!   the per-worker table.
 //! - [`devices`] — which free GPUs a job gets, by interconnect.
+//! - [`gang`] — a multi-node job on the cluster: all nodes or none, kept close together.
 
 pub mod devices;
 pub mod fit;
+pub mod gang;
 pub mod place;
 
 pub use fit::{Reason, check};
+pub use gang::{Closeness, GangDecision, place_gang};
 pub use place::{
     Decision, Verdict, VerdictTable, WorkerView, any_eligible, eligibility, fit_now, place,
 };

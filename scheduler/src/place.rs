@@ -102,7 +102,7 @@ pub fn fit_now(w: &WorkerView, spec: &JobSpec) -> Result<Vec<u32>, Reason> {
     if w.busy_slots >= w.slots {
         return Err(Reason::Busy { slots: w.slots });
     }
-    let needed = spec.requirements.device_count(spec.accelerator);
+    let needed = spec.devices_per_node();
     if needed == 0 {
         return Ok(vec![]);
     }

@@ -29,6 +29,23 @@ pub struct JobRow {
     pub devices: Vec<u32>,
 }
 
+/// One node (task) of a multi-node job.
+#[derive(Debug, Clone)]
+pub struct NodeRow {
+    pub node: i32,
+    pub task_id: i64,
+    pub state: String,
+    pub attempt: i32,
+    pub worker_id: Option<i64>,
+    pub worker_name: Option<String>,
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub devices: Vec<u32>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub outputs_key: Option<String>,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct JobFilter {
     pub state: Option<JobState>,
@@ -168,15 +185,13 @@ impl Store {
         let priorities: Vec<i32> = specs.iter().map(|s| s.priority).collect();
         let attempts: Vec<i32> = specs.iter().map(|s| s.max_attempts() as i32).collect();
         let retry: Vec<bool> = specs.iter().map(|s| s.retry_failed).collect();
-        let plain: Vec<bool> = specs
-            .iter()
-            .map(|s| s.requirements.asks_only_for_the_kind(s.accelerator))
-            .collect();
+        let plain: Vec<bool> = specs.iter().map(JobSpec::is_plain).collect();
+        let nodes: Vec<i32> = specs.iter().map(|s| s.layout.nodes as i32).collect();
         let rows: Vec<(i64, bool)> = sqlx::query_as(
             "WITH input AS MATERIALIZED (
                  SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id, i.*
-                 FROM unnest($1::text[], $2::jsonb[], $3::text[], $5::text[], $6::int[], $7::int[], $8::bool[], $10::bool[])
-                      WITH ORDINALITY AS i(name, spec, accelerator, key, priority, max_attempts, retry_failed, plain, n)
+                 FROM unnest($1::text[], $2::jsonb[], $3::text[], $5::text[], $6::int[], $7::int[], $8::bool[], $10::bool[], $11::int[])
+                      WITH ORDINALITY AS i(name, spec, accelerator, key, priority, max_attempts, retry_failed, plain, nodes, n)
              ),
              j AS (
                  INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key, priority)
@@ -184,11 +199,14 @@ impl Store {
                  ON CONFLICT (idempotency_key) DO NOTHING
                  RETURNING id
              ),
+             -- A task per node, node i's with task_index i.
              t AS (
-                 INSERT INTO tasks (job_id, state, accelerator, max_attempts, retry_failed, priority, plain)
-                 SELECT input.id, 'pending', input.accelerator, input.max_attempts, input.retry_failed, input.priority,
-                        input.plain
+                 INSERT INTO tasks (job_id, task_index, state, accelerator, max_attempts, retry_failed, priority,
+                                    plain, gang_size)
+                 SELECT input.id, node.i, 'pending', input.accelerator, input.max_attempts, input.retry_failed,
+                        input.priority, input.plain, input.nodes
                  FROM input JOIN j ON j.id = input.id
+                      CROSS JOIN LATERAL generate_series(0, input.nodes - 1) AS node(i)
              ),
              e AS (INSERT INTO events (job_id, kind) SELECT id, 'submitted' FROM j)
              -- One wake-up however many jobs: PostgreSQL folds identical notifications.
@@ -206,6 +224,7 @@ impl Store {
         .bind(&retry)
         .bind(Channel::Work.name())
         .bind(&plain)
+        .bind(&nodes)
         .fetch_all(self.pool())
         .await?;
         let mut ids = Vec::with_capacity(rows.len());
@@ -228,6 +247,40 @@ impl Store {
             ids.push(existing);
         }
         Ok(ids)
+    }
+
+    /// Every node of a job, in node order.
+    pub async fn job_nodes(&self, id: i64) -> Result<Vec<NodeRow>> {
+        let rows = sqlx::query(
+            "SELECT t.task_index, t.id, t.state, t.attempt, t.worker_id, w.name AS worker_name,
+                    t.reason, t.exit_code, t.devices, t.started_at, t.finished_at, t.outputs_key
+             FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id
+             WHERE t.job_id = $1 ORDER BY t.task_index",
+        )
+        .bind(id)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| NodeRow {
+                node: r.get("task_index"),
+                task_id: r.get("id"),
+                state: r.get("state"),
+                attempt: r.get("attempt"),
+                worker_id: r.get("worker_id"),
+                worker_name: r.get("worker_name"),
+                reason: r.get("reason"),
+                exit_code: r.get("exit_code"),
+                devices: r
+                    .get::<Vec<i32>, _>("devices")
+                    .into_iter()
+                    .map(|d| d as u32)
+                    .collect(),
+                started_at: r.get("started_at"),
+                finished_at: r.get("finished_at"),
+                outputs_key: r.get("outputs_key"),
+            })
+            .collect())
     }
 
     pub async fn get_job(&self, id: i64) -> Result<JobRow> {

@@ -12,6 +12,7 @@
 //! - [`queue`] — claiming tasks for a worker, stop orders, requeueing.
 //! - [`reports`] — recording the starts and ends workers report, a batch per statement.
 //! - [`poll`] — one poll's queue work (reports, stop orders, claim) in one transaction.
+//! - [`gangs`] — multi-node jobs: started all at once or not at all, stopped together.
 //! - [`workers`] — registration, heartbeats, and the rescue of lost workers.
 //! - [`logs`] — appending and reading log lines.
 //! - [`tokens`] — bearer tokens, stored as sha256 only.
@@ -21,6 +22,7 @@
 
 pub mod blobs;
 pub mod embedded;
+pub mod gangs;
 pub mod jobs;
 pub mod leader;
 pub mod logs;
@@ -32,7 +34,8 @@ pub mod wakeups;
 pub mod workers;
 
 pub use embedded::{EmbeddedError, EmbeddedPostgres};
-pub use jobs::{JobFilter, JobRow};
+pub use gangs::{GangChoice, Placer, Rendezvous};
+pub use jobs::{JobFilter, JobRow, NodeRow};
 pub use logs::{LogCursor, StoredLine};
 pub use poll::{PollRound, RoundOutcome};
 pub use queue::{Claimed, PollContext, StopReason};

@@ -15,6 +15,8 @@ pub struct StoredLine {
     pub stream: i16,
     pub text: String,
     pub at: DateTime<Utc>,
+    /// The global rank of the process that printed it (multi-process jobs).
+    pub rank: Option<i32>,
 }
 
 /// How far a reader has got in one attempt's lines.
@@ -40,15 +42,32 @@ impl Store {
         attempt: i32,
         lines: &[(i64, i16, String)],
     ) -> Result<()> {
+        let ranked: Vec<(i64, i16, String, Option<i32>)> = lines
+            .iter()
+            .map(|(seq, stream, text)| (*seq, *stream, text.clone(), None))
+            .collect();
+        self.append_ranked_logs(worker_id, task_id, attempt, &ranked)
+            .await
+    }
+
+    /// `append_logs` with each line's process rank (multi-process jobs).
+    pub async fn append_ranked_logs(
+        &self,
+        worker_id: i64,
+        task_id: i64,
+        attempt: i32,
+        lines: &[(i64, i16, String, Option<i32>)],
+    ) -> Result<()> {
         let mut tx = self.begin().await?;
         let job_id = crate::queue::leased_job(&mut *tx, worker_id, task_id, attempt).await?;
         let seqs: Vec<i64> = lines.iter().map(|l| l.0).collect();
         let streams: Vec<i16> = lines.iter().map(|l| l.1).collect();
         let texts: Vec<String> = lines.iter().map(|l| storable(&l.2)).collect();
+        let ranks: Vec<Option<i32>> = lines.iter().map(|l| l.3).collect();
         sqlx::query(
-            "INSERT INTO logs (task_id, attempt, seq, job_id, stream, text)
-             SELECT $1, $2, l.seq, $3, l.stream, l.text
-             FROM unnest($4::bigint[], $5::smallint[], $6::text[]) AS l(seq, stream, text)
+            "INSERT INTO logs (task_id, attempt, seq, job_id, stream, text, rank)
+             SELECT $1, $2, l.seq, $3, l.stream, l.text, l.rank
+             FROM unnest($4::bigint[], $5::smallint[], $6::text[], $7::int[]) AS l(seq, stream, text, rank)
              ON CONFLICT DO NOTHING",
         )
         .bind(task_id)
@@ -57,6 +76,7 @@ impl Store {
         .bind(&seqs)
         .bind(&streams)
         .bind(&texts)
+        .bind(&ranks)
         .execute(&mut *tx)
         .await?;
         notify(&mut tx, Channel::Logs, Some(job_id)).await?;
@@ -65,22 +85,24 @@ impl Store {
     }
 
     /// Lines of a job past the given cursors (attempts without a cursor from their start),
-    /// in (task, attempt, seq) order.
+    /// in (task, attempt, seq) order; only those of process `rank` if given.
     pub async fn read_logs(
         &self,
         job_id: i64,
         after: &[LogCursor],
         limit: i64,
+        rank: Option<i32>,
     ) -> Result<Vec<StoredLine>> {
         let tasks: Vec<i64> = after.iter().map(|c| c.task_id).collect();
         let attempts: Vec<i32> = after.iter().map(|c| c.attempt).collect();
         let seqs: Vec<i64> = after.iter().map(|c| c.seq).collect();
         let rows = sqlx::query(
-            "SELECT l.task_id, l.attempt, l.seq, l.stream, l.text, l.at
+            "SELECT l.task_id, l.attempt, l.seq, l.stream, l.text, l.at, l.rank
              FROM logs l
              LEFT JOIN unnest($2::bigint[], $3::int[], $4::bigint[]) AS c(task_id, attempt, seq)
                ON c.task_id = l.task_id AND c.attempt = l.attempt
              WHERE l.job_id = $1 AND l.seq > coalesce(c.seq, -1)
+               AND ($6::int IS NULL OR l.rank = $6)
              ORDER BY l.task_id, l.attempt, l.seq
              LIMIT $5",
         )
@@ -89,17 +111,20 @@ impl Store {
         .bind(&attempts)
         .bind(&seqs)
         .bind(limit)
+        .bind(rank)
         .fetch_all(self.pool())
         .await?;
         Ok(rows.into_iter().map(stored_line).collect())
     }
 
-    /// One page of a job's lines in (task, attempt, seq) order, strictly after `after`.
+    /// One page of a job's lines in (task, attempt, seq) order, strictly after `after`; only
+    /// those of process `rank` if given.
     pub async fn read_logs_after(
         &self,
         job_id: i64,
         after: Option<LogCursor>,
         limit: i64,
+        rank: Option<i32>,
     ) -> Result<Vec<StoredLine>> {
         let c = after.unwrap_or(LogCursor {
             task_id: -1,
@@ -107,8 +132,9 @@ impl Store {
             seq: -1,
         });
         let rows = sqlx::query(
-            "SELECT task_id, attempt, seq, stream, text, at FROM logs
+            "SELECT task_id, attempt, seq, stream, text, at, rank FROM logs
              WHERE job_id = $1 AND (task_id, attempt, seq) > ($2, $3, $4)
+               AND ($6::int IS NULL OR rank = $6)
              ORDER BY task_id, attempt, seq
              LIMIT $5",
         )
@@ -117,6 +143,7 @@ impl Store {
         .bind(c.attempt)
         .bind(c.seq)
         .bind(limit)
+        .bind(rank)
         .fetch_all(self.pool())
         .await?;
         Ok(rows.into_iter().map(stored_line).collect())
@@ -131,5 +158,6 @@ fn stored_line(r: sqlx::postgres::PgRow) -> StoredLine {
         stream: r.get("stream"),
         text: r.get("text"),
         at: r.get("at"),
+        rank: r.get("rank"),
     }
 }

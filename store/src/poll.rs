@@ -2,12 +2,13 @@
 //! the tasks it forgot, the stop orders for what it runs, and a claim for its free slots. One
 //! commit and a handful of round trips however many tasks the poll reports or takes.
 
+use crate::gangs::Placer;
 use crate::queue::{
     Claimed, PollContext, ROUND_BEGIN, StopReason, claim_in, fail_forgotten_in, stop_orders_in,
 };
 use crate::reports::{FinishReport, StartReport, finish_tasks_in, record_starts_in};
 use crate::{Result, Store, StoreError};
-use domain::{Accelerator, JobSpec};
+use domain::Accelerator;
 
 /// What one poll asks of the queue.
 #[derive(Debug, Clone, Copy)]
@@ -40,12 +41,12 @@ pub struct RoundOutcome {
 }
 
 impl Store {
-    /// Runs `round` in one transaction; `place` as for [`Store::claim_batch`]. Fails with
+    /// Runs `round` in one transaction; `placer` as for [`Store::claim_batch`]. Fails with
     /// `WorkerLost` (and records nothing) when the worker was declared lost.
     pub async fn poll_round(
         &self,
         round: &PollRound<'_>,
-        place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
+        mut placer: impl Placer,
     ) -> Result<RoundOutcome> {
         let worker_id = round.worker_id;
         let ids: Vec<i64> = round.running.iter().map(|r| r.0).collect();
@@ -75,7 +76,7 @@ impl Store {
                 round.free_slots,
                 round.track_devices,
                 poll,
-                place,
+                &mut placer,
             )
             .await;
             match claim {

@@ -11,6 +11,7 @@
 //! From the first candidate that asks for more (devices, frameworks, labels) on, and on
 //! workers with devices, each candidate is put to the scheduler before it is assigned.
 
+use crate::gangs::Placer;
 use crate::wakeups::{Channel, notify};
 use crate::{Result, Store, StoreError, record_event};
 use domain::{Accelerator, JobSpec};
@@ -47,7 +48,7 @@ pub(crate) const ROUND_BEGIN: &str = "BEGIN; SET LOCAL enable_sort = off; \
 /// lock more rows than asked for.
 const CLAIM_CANDIDATES: &str = "WITH c AS (
          SELECT id FROM tasks
-         WHERE state = 'pending' AND accelerator = ANY($1)
+         WHERE state = 'pending' AND accelerator = ANY($1) AND gang_size = 1
          ORDER BY priority DESC, id
          LIMIT $2
          FOR NO KEY UPDATE SKIP LOCKED
@@ -62,26 +63,32 @@ const STOP_ORDERS: &str =
      LEFT JOIN tasks t ON t.id = r.task";
 
 /// Fences the poll and records the heartbeat (see `fence`): $1 worker, $2 poll sequence.
+/// Also says whether gang nodes were pushed to the worker, which gang keeps it, and whether
+/// a gang waits.
 const FENCE_POLL: &str = "UPDATE worker_heartbeats h SET last_seen = now(), poll_seq = $2
      FROM workers w
      WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online' AND h.poll_seq <= $2
-     RETURNING 1";
+     RETURNING h.pushed, h.reserved_for,
+               EXISTS (SELECT 1 FROM tasks WHERE state = 'pending' AND gang_size > 1) AS gangs_waiting";
 
 /// A claim of plain jobs in one statement: $1 worker, $2 poll sequence number, $3
 /// accelerator kinds, $4 how many. It fences the poll and records the heartbeat (`h`: no row
 /// when the worker is not online or has sent a newer poll, and then nothing else happens),
 /// and assigns the plain candidates ahead of the first one that is not. The last row, all
-/// NULLs but `needs_scheduler`, says `h` matched, and whether such a candidate was met. The
-/// locking CTE is materialized so that it runs once, as the fence its LIMIT needs.
+/// NULLs but the fence's findings, says `h` matched, whether such a candidate was met, and
+/// what `FENCE_POLL` says. A worker kept for a gang, or with gang nodes pushed to it, takes
+/// nothing here. Gangs' tasks are never candidates (see `store::gangs`). The locking CTE is
+/// materialized so that it runs once, as the fence its LIMIT needs.
 const CLAIM_PLAIN: &str = "WITH h AS (
          UPDATE worker_heartbeats h SET last_seen = now(), poll_seq = $2
          FROM workers w
          WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online' AND h.poll_seq <= $2
-         RETURNING h.worker_id
+         RETURNING h.worker_id, h.pushed, h.reserved_for
      ),
      c AS MATERIALIZED (
          SELECT id, plain, priority FROM tasks
-         WHERE state = 'pending' AND accelerator = ANY($3) AND EXISTS (SELECT 1 FROM h)
+         WHERE state = 'pending' AND accelerator = ANY($3) AND gang_size = 1
+           AND EXISTS (SELECT 1 FROM h WHERE NOT pushed AND reserved_for IS NULL)
          ORDER BY priority DESC, id
          LIMIT $4
          FOR NO KEY UPDATE SKIP LOCKED
@@ -96,10 +103,13 @@ const CLAIM_PLAIN: &str = "WITH h AS (
      ),
      j AS (UPDATE jobs SET state = 'assigned' FROM a WHERE jobs.id = a.job_id AND jobs.state = 'pending'),
      e AS (INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $1, 'assigned' FROM a)
-     SELECT a.id, a.job_id, a.attempt, jobs.spec, NULL::bool AS needs_scheduler
+     SELECT a.id, a.job_id, a.attempt, jobs.spec, NULL::bool AS needs_scheduler,
+            NULL::bool AS pushed, NULL::bigint AS reserved_for, NULL::bool AS gangs_waiting
      FROM a JOIN jobs ON jobs.id = a.job_id
      UNION ALL
-     SELECT NULL, NULL, NULL, NULL, EXISTS (SELECT 1 FROM c WHERE NOT plain) FROM h";
+     SELECT NULL, NULL, NULL, NULL, EXISTS (SELECT 1 FROM c WHERE NOT plain), pushed, reserved_for,
+            EXISTS (SELECT 1 FROM tasks WHERE state = 'pending' AND gang_size > 1)
+     FROM h";
 
 /// A task just assigned to the claiming worker (or handed out again).
 #[derive(Debug, Clone)]
@@ -110,6 +120,8 @@ pub struct Claimed {
     pub spec: JobSpec,
     /// Device indices the task holds on the worker.
     pub devices: Vec<u32>,
+    /// Which node of its job the task is (0 for single-node jobs).
+    pub node: u32,
 }
 
 /// Which poll a claim answers: its sequence number (a claim for a poll older than the
@@ -142,6 +154,27 @@ impl Store {
         poll: PollContext<'_>,
         place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
     ) -> Result<Vec<Claimed>> {
+        self.claim_with(
+            worker_id,
+            accelerators,
+            free_slots,
+            track_devices,
+            poll,
+            place,
+        )
+        .await
+    }
+
+    /// `claim_batch` with a [`Placer`] that may also start gangs.
+    pub async fn claim_with(
+        &self,
+        worker_id: i64,
+        accelerators: &[Accelerator],
+        free_slots: u32,
+        track_devices: bool,
+        poll: PollContext<'_>,
+        mut placer: impl Placer,
+    ) -> Result<Vec<Claimed>> {
         let mut tx = self.pool().begin_with(ROUND_BEGIN).await?;
         let claimed = claim_in(
             &mut tx,
@@ -150,7 +183,7 @@ impl Store {
             free_slots,
             track_devices,
             poll,
-            place,
+            &mut placer,
         )
         .await?;
         tx.commit().await?;
@@ -269,12 +302,14 @@ impl Store {
 }
 
 /// Claims up to `free_slots` pending tasks whose accelerator this worker offers and assigns
-/// them to `worker_id`, asking `place(spec, busy_devices)` which devices a candidate would
-/// get (None: not this one) unless it is plain. With `poll.redeliver`, tasks already
-/// assigned to the worker that `poll.running` does not list come first: an earlier answer
-/// carrying them never arrived. Also records the worker's heartbeat. `track_devices` is
-/// false for a worker without devices. Fails with `PollSuperseded` when the worker has sent
-/// a newer poll (having written nothing), and with `WorkerLost` when it was declared lost.
+/// them to `worker_id`, asking `placer` which devices a candidate would get (None: not this
+/// one) unless it is plain. Tasks already assigned to the worker that `poll.running` does not
+/// list come first, with `poll.redeliver` (an earlier answer carrying them never arrived) or
+/// when a gang's node was pushed to it. A worker kept for a gang claims nothing else, and
+/// tries to start that gang; others try to start a waiting gang when `placer` says it is
+/// time. Also records the worker's heartbeat. `track_devices` is false for a worker without
+/// devices. Fails with `PollSuperseded` when the worker has sent a newer poll (having written
+/// nothing), and with `WorkerLost` when it was declared lost.
 pub(crate) async fn claim_in(
     tx: &mut Transaction<'_, Postgres>,
     worker_id: i64,
@@ -282,7 +317,7 @@ pub(crate) async fn claim_in(
     free_slots: u32,
     track_devices: bool,
     poll: PollContext<'_>,
-    place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
+    placer: &mut impl Placer,
 ) -> Result<Vec<Claimed>> {
     if free_slots == 0 {
         // Nothing can be waiting for delivery either: a worker's free slots always cover the
@@ -291,54 +326,93 @@ pub(crate) async fn claim_in(
     }
     let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
     let mut claimed = Vec::new();
-    if poll.redeliver || track_devices {
+    let mut needs_scheduler = track_devices;
+    let fenced = if poll.redeliver || track_devices {
         // Fenced in a statement of its own: what the next statements read is then newer than
         // any claim of an older poll, which took the same row lock first or never will.
-        fence(tx, worker_id, poll.seq).await?;
-        if poll.redeliver {
-            claimed = undelivered(tx, worker_id, poll.running).await?;
+        fence(tx, worker_id, poll.seq).await?
+    } else {
+        let plain = claim_plain(tx, worker_id, poll.seq, &kinds, free_slots as usize).await?;
+        claimed = plain.claimed;
+        needs_scheduler = plain.needs_scheduler;
+        plain.fenced
+    };
+    if poll.redeliver || fenced.pushed {
+        let mut held: Vec<i64> = poll.running.to_vec();
+        held.extend(claimed.iter().map(|c| c.task_id));
+        claimed.extend(undelivered(tx, worker_id, &held).await?);
+        if fenced.pushed {
+            sqlx::query("UPDATE worker_heartbeats SET pushed = false WHERE worker_id = $1")
+                .bind(worker_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        // The plain claim took nothing meanwhile (pushed) or has not run (redeliver).
+        needs_scheduler = true;
+    }
+    if fenced.reserved_for.is_some() {
+        // Kept for a gang: it takes nothing else until the gang starts.
+        claimed.extend(crate::gangs::attempt_gang_in(tx, worker_id, placer).await?);
+        return Ok(claimed);
+    }
+    let left = (free_slots as usize).saturating_sub(claimed.len());
+    if left > 0 && needs_scheduler {
+        if !track_devices && (poll.redeliver || fenced.pushed) {
+            let plain = claim_plain(tx, worker_id, poll.seq, &kinds, left).await?;
+            needs_scheduler = plain.needs_scheduler;
+            claimed.extend(plain.claimed);
+        }
+        let left = (free_slots as usize).saturating_sub(claimed.len());
+        if left > 0 && needs_scheduler {
+            claimed.extend(claim_each(tx, worker_id, &kinds, left, track_devices, placer).await?);
         }
     }
-    let mut left = (free_slots as usize).saturating_sub(claimed.len());
-    if left > 0 && !track_devices {
-        let (plain, needs_scheduler) = claim_plain(tx, worker_id, poll.seq, &kinds, left).await?;
-        left -= plain.len().min(left);
-        claimed.extend(plain);
-        if !needs_scheduler {
-            left = 0;
-        }
-    }
-    if left > 0 {
-        let more = claim_each(tx, worker_id, &kinds, left, track_devices, place).await?;
-        claimed.extend(more);
+    if fenced.gangs_waiting && placer.gangs_due() {
+        claimed.extend(crate::gangs::attempt_gang_in(tx, worker_id, placer).await?);
     }
     Ok(claimed)
+}
+
+/// What fencing a poll found out about its worker.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fenced {
+    /// Nodes of a gang were assigned to it by another worker's claim.
+    pushed: bool,
+    /// The gang that keeps it.
+    reserved_for: Option<i64>,
+    /// Some gang waits to start.
+    gangs_waiting: bool,
 }
 
 /// Records the heartbeat, refusing a worker declared lost and a poll the worker has
 /// replaced. Its row lock serialises claims for one worker, so two claims never hand out the
 /// same device and a newer poll sees everything an older one assigned.
-async fn fence(tx: &mut Transaction<'_, Postgres>, worker_id: i64, seq: u64) -> Result<()> {
-    let alive: Option<i32> = sqlx::query_scalar(FENCE_POLL)
+async fn fence(tx: &mut Transaction<'_, Postgres>, worker_id: i64, seq: u64) -> Result<Fenced> {
+    let row: Option<(bool, Option<i64>, bool)> = sqlx::query_as(FENCE_POLL)
         .bind(worker_id)
         .bind(seq as i64)
         .fetch_optional(&mut **tx)
         .await?;
-    match alive {
-        Some(_) => Ok(()),
+    match row {
+        Some((pushed, reserved_for, gangs_waiting)) => Ok(Fenced {
+            pushed,
+            reserved_for,
+            gangs_waiting,
+        }),
         None => Err(why_not_claiming(tx, worker_id).await?),
     }
 }
 
 /// Tasks assigned to the worker that it does not run: handed out by an answer that never
-/// reached it. Handed out again, same attempt.
+/// reached it, or by another worker's claim that started a gang. Handed out (again), same
+/// attempt.
 async fn undelivered(
     tx: &mut Transaction<'_, Postgres>,
     worker_id: i64,
     running: &[i64],
 ) -> Result<Vec<Claimed>> {
     let mut tasks: Vec<Claimed> = sqlx::query(
-        "SELECT t.id, t.job_id, t.attempt, t.devices, j.spec
+        "SELECT t.id, t.job_id, t.attempt, t.devices, t.task_index, j.spec
          FROM tasks t JOIN jobs j ON j.id = t.job_id
          WHERE t.worker_id = $1 AND t.state = 'assigned' AND t.id <> ALL($2)",
     )
@@ -356,12 +430,21 @@ async fn undelivered(
             attempt: r.try_get("attempt")?,
             spec: spec.0,
             devices: devices.into_iter().map(|d| d as u32).collect(),
+            node: r.try_get::<i32, _>("task_index")? as u32,
         })
     })
     .collect::<Result<_>>()?;
     // Sorted here: the database does not sort in this transaction (see ROUND_BEGIN).
     tasks.sort_by_key(|c| c.task_id);
     Ok(tasks)
+}
+
+/// What the one-statement claim of plain jobs did and found.
+struct PlainClaim {
+    claimed: Vec<Claimed>,
+    /// A candidate that needs the scheduler stopped it.
+    needs_scheduler: bool,
+    fenced: Fenced,
 }
 
 /// The one-statement claim of up to `wanted` plain jobs (`CLAIM_PLAIN`), which also fences
@@ -372,7 +455,7 @@ async fn claim_plain(
     seq: u64,
     kinds: &[&str],
     wanted: usize,
-) -> Result<(Vec<Claimed>, bool)> {
+) -> Result<PlainClaim> {
     let rows = sqlx::query(CLAIM_PLAIN)
         .bind(worker_id)
         .bind(seq as i64)
@@ -381,10 +464,17 @@ async fn claim_plain(
         .fetch_all(&mut **tx)
         .await?;
     let mut claimed = Vec::with_capacity(rows.len());
-    let mut needs_scheduler = None;
+    let mut marker = None;
     for r in rows {
         let Some(task_id) = r.try_get::<Option<i64>, _>("id")? else {
-            needs_scheduler = r.try_get::<Option<bool>, _>("needs_scheduler")?;
+            marker = Some((
+                r.try_get::<bool, _>("needs_scheduler")?,
+                Fenced {
+                    pushed: r.try_get("pushed")?,
+                    reserved_for: r.try_get("reserved_for")?,
+                    gangs_waiting: r.try_get("gangs_waiting")?,
+                },
+            ));
             continue;
         };
         let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
@@ -394,14 +484,19 @@ async fn claim_plain(
             attempt: r.try_get("attempt")?,
             spec: spec.0,
             devices: vec![],
+            node: 0,
         });
     }
-    let Some(needs_scheduler) = needs_scheduler else {
+    let Some((needs_scheduler, fenced)) = marker else {
         return Err(why_not_claiming(tx, worker_id).await?);
     };
     // Sorted here: the database does not sort in this transaction (see ROUND_BEGIN).
     claimed.sort_by_key(|c| c.task_id);
-    Ok((claimed, needs_scheduler))
+    Ok(PlainClaim {
+        claimed,
+        needs_scheduler,
+        fenced,
+    })
 }
 
 /// The claim that asks `place` about each candidate before assigning it, with the devices
@@ -413,7 +508,7 @@ async fn claim_each(
     kinds: &[&str],
     wanted: usize,
     track_devices: bool,
-    mut place: impl FnMut(&JobSpec, &[u32]) -> Option<Vec<u32>>,
+    placer: &mut impl Placer,
 ) -> Result<Vec<Claimed>> {
     let mut busy: Vec<u32> = if track_devices {
         let held: Vec<i32> = sqlx::query_scalar(
@@ -445,7 +540,7 @@ async fn claim_each(
             break;
         }
         let spec: sqlx::types::Json<JobSpec> = r.try_get("spec")?;
-        if let Some(devices) = place(&spec.0, &busy) {
+        if let Some(devices) = placer.fit(&spec.0, &busy) {
             busy.extend(&devices);
             chosen.push(Claimed {
                 job_id: r.get("job_id"),
@@ -453,6 +548,7 @@ async fn claim_each(
                 attempt: r.get::<i32, _>("attempt") + 1,
                 spec: spec.0,
                 devices,
+                node: 0,
             });
         }
     }
@@ -607,6 +703,48 @@ pub(crate) async fn leased_job<'e>(
 /// otherwise; `reasons[i]` says why task `tasks[i]` stopped. Writes an event per task and
 /// wakes the workers when anything was requeued. Returns each task's job, in order.
 pub(crate) async fn requeue_or_fail(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tasks: &[i64],
+    reasons: &[String],
+) -> Result<Vec<i64>> {
+    if tasks.is_empty() {
+        return Ok(vec![]);
+    }
+    // A node of a gang takes the whole gang with it: every node stops, and the gang goes
+    // back to the queue together (attempts permitting).
+    let gangs: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, job_id FROM tasks WHERE id = ANY($1) AND gang_size > 1")
+            .bind(tasks)
+            .fetch_all(&mut **tx)
+            .await?;
+    let mut stopped = std::collections::HashMap::new();
+    for (task, job) in &gangs {
+        if stopped.contains_key(job) {
+            continue;
+        }
+        let nodes = crate::gangs::lock_gang(tx, *job).await?;
+        let i = tasks.iter().position(|t| t == task).unwrap_or_default();
+        if let Some(first) = nodes.iter().find(|n| n.id == *task)
+            && ["assigned", "running"].contains(&first.state.as_str())
+        {
+            crate::gangs::stop_gang(tx, *job, &nodes, first, &reasons[i], None, true).await?;
+        }
+        stopped.insert(*job, ());
+    }
+    let gang_tasks: Vec<i64> = gangs.iter().map(|(t, _)| *t).collect();
+    let (tasks, reasons): (Vec<i64>, Vec<String>) = tasks
+        .iter()
+        .zip(reasons)
+        .filter(|(t, _)| !gang_tasks.contains(t))
+        .map(|(t, r)| (*t, r.clone()))
+        .unzip();
+    let mut jobs: Vec<i64> = gangs.iter().map(|(_, j)| *j).collect();
+    jobs.extend(requeue_or_fail_single(tx, &tasks, &reasons).await?);
+    Ok(jobs)
+}
+
+/// `requeue_or_fail` for tasks of single-node jobs.
+async fn requeue_or_fail_single(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     tasks: &[i64],
     reasons: &[String],

@@ -10,7 +10,7 @@
 
 use crate::queue::{ROUND_BEGIN, requeue_or_fail};
 use crate::wakeups::Channel;
-use crate::{Result, Store, StoreError};
+use crate::{Result, Store, StoreError, record_event};
 use sqlx::{Postgres, Transaction};
 use std::time::Duration;
 
@@ -84,6 +84,7 @@ pub(crate) const FINISH_BATCH: &str = "WITH r AS (
          WHERE tasks.id = r.id AND tasks.attempt = r.attempt AND tasks.worker_id IS NOT DISTINCT FROM $1
            AND tasks.state IN ('assigned', 'running')
            AND NOT (r.failed AND tasks.retry_failed AND tasks.attempt < tasks.max_attempts)
+           AND tasks.gang_size = 1
          RETURNING tasks.id, tasks.attempt, tasks.job_id, tasks.state, tasks.exit_code,
                    tasks.reason, tasks.started_at, tasks.finished_at
      ),
@@ -227,6 +228,16 @@ async fn finish_slowly(
 ) -> Result<()> {
     let (task_id, attempt) = (report.task_id, report.attempt);
     let outcome = Outcome::of(&report.completion);
+    let gang: Option<(i64, i32)> =
+        sqlx::query_as("SELECT job_id, gang_size FROM tasks WHERE id = $1")
+            .bind(task_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    if let Some((job_id, size)) = gang
+        && size > 1
+    {
+        return finish_gang_node(tx, worker_id, job_id, report, outcome).await;
+    }
     // A failed attempt of a job that asked for retries on failure goes back to the queue.
     let retry: Option<bool> = sqlx::query_scalar(
         "SELECT retry_failed AND attempt < max_attempts FROM tasks
@@ -280,6 +291,97 @@ async fn finish_slowly(
     .bind(report.completion.exit_code)
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// The end of one node of a gang. A failed node stops the whole gang (see
+/// `gangs::stop_gang`); the job succeeds when its last node does.
+async fn finish_gang_node(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+    job_id: i64,
+    report: &FinishReport,
+    outcome: Outcome,
+) -> Result<()> {
+    let (task_id, attempt) = (report.task_id, report.attempt);
+    let nodes = crate::gangs::lock_gang(tx, job_id).await?;
+    let lost = StoreError::LeaseLost {
+        task: task_id,
+        attempt,
+    };
+    let Some(me) = nodes.iter().find(|n| n.id == task_id) else {
+        return Err(lost);
+    };
+    if me.attempt != attempt || me.worker_id != Some(worker_id) {
+        return Err(lost);
+    }
+    match me.state.as_str() {
+        "assigned" | "running" => {}
+        // A repeated report, or the gang was stopped or cancelled meanwhile: nothing to do.
+        "succeeded" | "failed" | "cancelled" => return Ok(()),
+        _ => return Err(lost),
+    }
+    if outcome.failed {
+        let cause = outcome.reason.unwrap_or_else(|| "failed".into());
+        return crate::gangs::stop_gang(
+            tx,
+            job_id,
+            &nodes,
+            me,
+            &cause,
+            report.completion.exit_code,
+            me.retry_failed,
+        )
+        .await;
+    }
+    let started: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "UPDATE tasks SET state = 'succeeded', exit_code = $2, reason = NULL,
+             started_at = coalesce(started_at, greatest(assigned_at, now() - $3 * interval '1 microsecond')),
+             finished_at = greatest(assigned_at, now() - $4 * interval '1 microsecond')
+         WHERE id = $1
+         RETURNING started_at",
+    )
+    .bind(task_id)
+    .bind(report.completion.exit_code)
+    .bind(report.started_age.map(micros))
+    .bind(micros(report.age))
+    .fetch_one(&mut **tx)
+    .await?;
+    let detail = format!("node {}", me.node);
+    if me.state == "assigned" && started.is_some() {
+        sqlx::query(
+            "INSERT INTO events (job_id, worker_id, kind, detail, at) VALUES ($1, $2, 'running', $3, $4)",
+        )
+        .bind(job_id)
+        .bind(worker_id)
+        .bind(&detail)
+        .bind(started)
+        .execute(&mut **tx)
+        .await?;
+    }
+    record_event(
+        tx,
+        Some(job_id),
+        Some(worker_id),
+        "node_succeeded",
+        Some(&detail),
+    )
+    .await?;
+    // The last node to end ends the job (the gang is locked: the others' ends are visible).
+    if nodes
+        .iter()
+        .all(|n| n.id == task_id || n.state == "succeeded")
+    {
+        sqlx::query(
+            "UPDATE jobs SET state = 'succeeded', exit_code = 0, reason = NULL, finished_at = now()
+             WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+        )
+        .bind(job_id)
+        .execute(&mut **tx)
+        .await?;
+        record_event(tx, Some(job_id), None, "succeeded", None).await?;
+        crate::wakeups::notify(tx, Channel::Job, Some(job_id)).await?;
+    }
     Ok(())
 }
 

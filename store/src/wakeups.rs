@@ -17,10 +17,18 @@ pub enum Channel {
     Logs,
     /// The job in the payload changed state.
     Job,
+    /// Gang nodes were assigned to the workers in the payload (ids, comma-separated).
+    Push,
 }
 
 impl Channel {
-    pub const ALL: [Channel; 4] = [Channel::Work, Channel::Stop, Channel::Logs, Channel::Job];
+    pub const ALL: [Channel; 5] = [
+        Channel::Work,
+        Channel::Stop,
+        Channel::Logs,
+        Channel::Job,
+        Channel::Push,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -28,6 +36,7 @@ impl Channel {
             Channel::Stop => "gpulayer_stop",
             Channel::Logs => "gpulayer_logs",
             Channel::Job => "gpulayer_job",
+            Channel::Push => "gpulayer_push",
         }
     }
 
@@ -43,6 +52,8 @@ pub enum Wakeup {
         channel: Channel,
         job_id: Option<i64>,
     },
+    /// Gang nodes were assigned to these workers.
+    Pushed(Vec<i64>),
     /// The listener lost its connection and reconnected: anything may have changed.
     Reconnected,
 }
@@ -84,6 +95,12 @@ impl Listener {
     pub async fn recv(&mut self) -> Result<Wakeup> {
         match self.inner.try_recv().await? {
             Some(n) => Ok(match Channel::from_name(n.channel()) {
+                Some(Channel::Push) => Wakeup::Pushed(
+                    n.payload()
+                        .split(',')
+                        .filter_map(|w| w.parse().ok())
+                        .collect(),
+                ),
                 Some(channel) => Wakeup::Notified {
                     channel,
                     job_id: n.payload().parse().ok(),

@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     pub slots: u32,
     pub work_root: PathBuf,
     pub keep_work_dirs: bool,
+    /// The address other nodes of a multi-node job reach this worker at [default: this
+    /// machine's address on the route to the server].
+    pub advertise_addr: Option<String>,
     /// Probe this machine, or advertise a recorded inventory (tests, load tests).
     pub inventory: InventorySource,
     /// Told the worker id after each (re-)registration.
@@ -398,6 +401,7 @@ fn start_task(
         inventory: inventory.clone(),
         stop: stop_rx,
         sentinel: tasks.sentinel.clone(),
+        advertise_addr: config.advertise_addr.clone(),
     };
     let tasks = tasks.clone();
     tokio::spawn(async move {

@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - [`agent`] — the loop: register, long poll, heartbeat, stop orders, shutdown.
+//! - [`launch`] — starting a task's processes (ranks, devices, rendezvous) and waiting.
 //! - [`runner`] — one task from staging to completion, in its slot's work directory.
 //! - [`reports`] — starts and ends waiting to go out with the next poll.
 //! - [`sentinel`] — the process that kills the tasks' groups if the worker dies first.
@@ -14,6 +15,7 @@
 
 pub mod agent;
 pub mod frameworks;
+pub mod launch;
 pub mod probe;
 pub mod process;
 pub mod reports;

@@ -5,28 +5,21 @@
 //! finds it emptied. Making and removing a directory per task was the worker's largest cost
 //! on short jobs (ext4 searches for an inode not recently freed on every mkdir under churn).
 
-use crate::process::{STOP_GRACE, exit_code, signal_group};
+use crate::launch::Finish;
 use crate::reports::{Ending, Reports};
 use crate::sentinel::Sentinel;
-use crate::shipper::{ShipEnd, Shipper, split_long_line};
+use crate::shipper::{Line, ShipEnd, Shipper};
 use client::Client;
-use nix::sys::signal::Signal;
 use protocol::{Assignment, StopWhy, Stream, TaskLease};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::{mpsc, watch};
 
 /// Lines waiting to be shipped per task; when full, reading the pipes pauses, which pauses
 /// the process on its next write: back-pressure instead of dropped lines.
 const LINE_BUFFER: usize = 10_000;
-
-/// After the main process exits, how long its pipes may stay open (held by a straggler)
-/// before we stop reading them.
-const PIPE_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where a task runs: `dir` holds `src` (its working directory) and `output`.
 #[derive(Debug, Clone)]
@@ -53,6 +46,9 @@ pub struct TaskContext {
     pub stop: watch::Receiver<Option<StopWhy>>,
     /// Kills the task's process group if the worker dies first (None: it could not start).
     pub sentinel: Option<Arc<Sentinel>>,
+    /// The address other nodes reach this worker at (node 0 of a multi-node job gives it as
+    /// the rendezvous); None: the one on the route to the server.
+    pub advertise_addr: Option<String>,
 }
 
 /// How the task ended, for the agent's bookkeeping.
@@ -73,7 +69,7 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
     let src = dir.join("src");
     let output_dir = dir.join("output");
 
-    let (lines_tx, lines_rx) = mpsc::channel::<(Stream, String)>(LINE_BUFFER);
+    let (lines_tx, lines_rx) = mpsc::channel::<Line>(LINE_BUFFER);
     let shipper = Shipper {
         client: ctx.client.clone(),
         worker: ctx.worker,
@@ -95,9 +91,9 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
         TaskEnd::LeaseLost
     } else {
         let mut ending = match outcome {
-            Ok(code) => Ending {
+            Ok((code, failed)) => Ending {
                 exit_code: Some(code),
-                error: None,
+                error: failed,
                 started,
             },
             Err(error) => Ending {
@@ -158,18 +154,20 @@ fn leftovers(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Stages, runs and waits. Ok(exit code) when the process ran; Err(reason) when it could not.
+/// Ok((exit code, which rank failed first in a distributed job)) when the processes ran;
+/// Err(reason) when they could not.
 async fn execute(
     ctx: &mut TaskContext,
     src: &Path,
     output_dir: &Path,
-    lines: mpsc::Sender<(Stream, String)>,
+    lines: mpsc::Sender<Line>,
     started: &mut Option<Instant>,
-) -> Result<i32, String> {
+) -> Result<(i32, Option<String>), String> {
     let a = ctx.assignment.clone();
     let system = |text: String| {
         let lines = lines.clone();
         async move {
-            let _ = lines.send((Stream::System, text)).await;
+            let _ = lines.send((Stream::System, None, text)).await;
         }
     };
     // Usually there already (a slot's directories outlive its tasks): a lookup, not a mkdir.
@@ -204,32 +202,43 @@ async fn execute(
         .map(|e| std::ffi::OsString::from(e.value()));
     let search = job_path.or_else(|| std::env::var_os("PATH"));
     let program = resolve_program(a.spec.command.program(), src, search.as_deref());
-    let mut cmd = tokio::process::Command::new(&program);
-    // The job sees its command as it was given, whatever path it resolved to.
-    cmd.arg0(a.spec.command.program())
-        .args(a.spec.command.args())
-        .current_dir(src)
-        .env("PYTHONUNBUFFERED", "1")
-        .envs(a.spec.env.iter().map(|e| (e.name(), e.value())))
-        .env("GPULAYER_JOB_ID", a.job.to_string())
-        .env("GPULAYER_TASK_ID", a.task.to_string())
-        .env("GPULAYER_ATTEMPT", a.attempt.to_string())
-        .env("GPULAYER_OUTPUT_DIR", output_dir)
-        .envs(device_env(&a, &ctx.inventory))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| {
+    let distributed = a.spec.layout.is_distributed();
+    let meeting = if distributed {
+        let met = crate::launch::meet(
+            &ctx.client,
+            ctx.worker,
+            &a,
+            ctx.advertise_addr.as_deref(),
+            &mut ctx.stop,
+        )
+        .await?;
+        match met {
+            Some(m) => Some(m),
+            // Stopped while waiting for node 0: nothing ran.
+            None => return Err("stopped before it started".into()),
+        }
+    } else {
+        None
+    };
+    let launch = crate::launch::Launch {
+        spec: &a.spec,
+        assignment: &a,
+        program,
+        src,
+        output_dir,
+        inventory: &ctx.inventory,
+        meeting,
+    };
+    let group = launch.start(&lines).map_err(|e| {
         format!(
             "cannot start `{}` on worker {}: {e}",
             a.spec.command.program(),
             ctx.worker_name
         )
     })?;
-    let pid = child.id().expect("a just-spawned child has a pid");
+    let pgid = group.pgid;
     if let Some(sentinel) = &ctx.sentinel {
-        sentinel.watch(pid);
+        sentinel.watch(pgid);
     }
     // Reported with the next poll; if the task is no longer ours, that poll's stop orders
     // say so and the group is killed.
@@ -242,50 +251,29 @@ async fn execute(
         },
         now,
     );
-
-    let out = tokio::spawn(pump(
-        child.stdout.take().expect("piped"),
-        Stream::Stdout,
-        lines.clone(),
-    ));
-    let err = tokio::spawn(pump(
-        child.stderr.take().expect("piped"),
-        Stream::Stderr,
-        lines.clone(),
-    ));
-
     let limit = a.spec.timeout_seconds.map(Duration::from_secs);
-    let over_time = async {
-        match limit {
-            Some(t) => tokio::time::sleep(t).await,
-            None => std::future::pending().await,
-        }
-    };
-    let mut timed_out = false;
-    let status = tokio::select! {
-        status = child.wait() => status,
-        () = stop_ordered(&mut ctx.stop) => stop_group(pid, &mut child).await,
-        () = over_time => {
-            timed_out = true;
-            stop_group(pid, &mut child).await
-        }
-    };
-    // Whatever the leader left behind in its group goes with it: the job is over.
-    signal_group(pid, Signal::SIGKILL);
+    let first_rank = distributed.then(|| a.node * a.spec.layout.procs_per_node);
+    let finish = group.wait(&mut ctx.stop, limit, first_rank).await;
     if let Some(sentinel) = &ctx.sentinel {
-        sentinel.forget(pid);
+        sentinel.forget(pgid);
     }
-    for pump in [out, err] {
-        let _ = tokio::time::timeout(PIPE_DRAIN_TIMEOUT, pump).await;
-    }
-    if timed_out {
-        let secs = limit.map(|t| t.as_secs()).unwrap_or_default();
-        let why = format!("timed out after {secs} s (--timeout {secs})");
-        system(format!("stopped: {why}")).await;
-        return Err(why);
-    }
-    let status = status.map_err(|e| format!("waiting for the process failed: {e}"))?;
-    let code = exit_code(status);
+    let finish = finish.map_err(|e| format!("waiting for the process failed: {e}"))?;
+    let code = match finish {
+        Finish::TimedOut => {
+            let secs = limit.map(|t| t.as_secs()).unwrap_or_default();
+            let why = format!("timed out after {secs} s (--timeout {secs})");
+            system(format!("stopped: {why}")).await;
+            return Err(why);
+        }
+        Finish::Exited {
+            code,
+            failed: Some(failed),
+        } => {
+            system(format!("stopped every process of this node: {failed}")).await;
+            return Ok((code, Some(failed)));
+        }
+        Finish::Exited { code, failed: None } | Finish::Stopped { code } => code,
+    };
     let stopped = *ctx.stop.borrow();
     if let Some(why) = stopped {
         let what = match why {
@@ -297,63 +285,11 @@ async fn execute(
         };
         system(format!("stopped: {what} (exit code {code})")).await;
     }
-    Ok(code)
-}
-
-/// The variables that confine a job to its reserved devices. A cuda job sees only its GPUs
-/// (by UUID when known, which does not depend on enumeration order); a cpu job sees none; a
-/// job that asked for `any` is left as it is.
-fn device_env(a: &Assignment, inventory: &domain::Inventory) -> Vec<(&'static str, String)> {
-    use domain::Accelerator;
-    match a.spec.accelerator {
-        Accelerator::Cuda => {
-            let ids: Vec<String> = a
-                .devices
-                .iter()
-                .map(|&i| {
-                    inventory
-                        .devices
-                        .iter()
-                        .find(|d| d.kind == Accelerator::Cuda && d.index == i)
-                        .and_then(|d| d.uuid.clone())
-                        .unwrap_or_else(|| i.to_string())
-                })
-                .collect();
-            vec![
-                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
-                ("CUDA_VISIBLE_DEVICES", ids.join(",")),
-                (
-                    "GPULAYER_DEVICES",
-                    a.devices
-                        .iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                ),
-            ]
-        }
-        Accelerator::Cpu => vec![("CUDA_VISIBLE_DEVICES", String::new())],
-        Accelerator::Mps | Accelerator::Any => vec![],
-    }
-}
-
-/// SIGTERM to the whole group, then SIGKILL if it is still there after the grace period.
-async fn stop_group(
-    pid: u32,
-    child: &mut tokio::process::Child,
-) -> std::io::Result<std::process::ExitStatus> {
-    signal_group(pid, Signal::SIGTERM);
-    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            signal_group(pid, Signal::SIGKILL);
-            child.wait().await
-        }
-    }
+    Ok((code, None))
 }
 
 /// Resolves once a stop order arrives (never, if the agent is gone without ordering one).
-async fn stop_ordered(stop: &mut watch::Receiver<Option<StopWhy>>) {
+pub(crate) async fn stop_ordered(stop: &mut watch::Receiver<Option<StopWhy>>) {
     if stop.wait_for(|s| s.is_some()).await.is_err() {
         std::future::pending::<()>().await;
     }
@@ -427,31 +363,6 @@ impl Resolved {
 fn is_executable_file(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Reads a pipe line by line (lossy UTF-8) into the shipper.
-async fn pump(pipe: impl AsyncRead + Unpin, stream: Stream, lines: mpsc::Sender<(Stream, String)>) {
-    let mut reader = BufReader::new(pipe);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {
-                if buf.last() == Some(&b'\n') {
-                    buf.pop();
-                    if buf.last() == Some(&b'\r') {
-                        buf.pop();
-                    }
-                }
-                for piece in split_long_line(&String::from_utf8_lossy(&buf)) {
-                    if lines.send((stream, piece)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Downloads the source blob into the worker's cache (once per digest) and unpacks it.

@@ -10,6 +10,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 const BATCH_LINES: usize = 1000;
+
+/// One line to ship: its stream, the rank of the process that printed it (multi-process
+/// jobs), its text.
+pub type Line = (Stream, Option<u32>, String);
 const BATCH_DELAY: Duration = Duration::from_millis(100);
 /// A line longer than this is split: one huge line must not become one huge row.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
@@ -32,7 +36,7 @@ pub struct Shipper {
 
 impl Shipper {
     /// Consumes lines until every sender is dropped and everything is stored.
-    pub async fn run(self, mut rx: mpsc::Receiver<(Stream, String)>) -> ShipEnd {
+    pub async fn run(self, mut rx: mpsc::Receiver<Line>) -> ShipEnd {
         let mut seq: i64 = 0;
         let mut open = true;
         while open {
@@ -88,11 +92,12 @@ fn log_retry(e: &ClientError) {
     tracing::warn!(error = %e, "storing log lines failed; retrying");
 }
 
-fn push(batch: &mut Vec<LogAppend>, seq: &mut i64, (stream, text): (Stream, String)) {
+fn push(batch: &mut Vec<LogAppend>, seq: &mut i64, (stream, rank, text): Line) {
     batch.push(LogAppend {
         seq: *seq,
         stream,
         text,
+        rank,
     });
     *seq += 1;
 }

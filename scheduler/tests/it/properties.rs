@@ -107,7 +107,7 @@ proptest! {
 }
 
 /// The queue claims jobs that ask only for their accelerator kind without asking the
-/// scheduler (`Requirements::asks_only_for_the_kind`): `check` must accept every such job on
+/// scheduler (`JobSpec::is_plain`): `check` must accept every such job on
 /// every worker that offers the kind, and the predicate must not hold for jobs `check` can
 /// turn down.
 #[test]
@@ -171,8 +171,8 @@ fn jobs_that_ask_only_for_their_kind_fit_every_worker_offering_it() {
                 requirements: requirements.clone(),
                 ..job(kind)
             };
-            let plain = spec.requirements.asks_only_for_the_kind(kind);
-            let expected = *plain_unless_devices && spec.requirements.device_count(kind) == 0;
+            let plain = spec.is_plain();
+            let expected = *plain_unless_devices && spec.devices_per_node() == 0;
             assert_eq!(plain, expected, "{kind} job with {what}");
             if !plain {
                 continue;

@@ -1,3 +1,4 @@
 //! Store tests against a real PostgreSQL: one fresh database per test.
 
+mod gangs;
 mod queue;

@@ -453,7 +453,7 @@ async fn log_cursors_skip_nothing_and_repeat_nothing() {
         .await
         .unwrap();
 
-    let first = store.read_logs(job, &[], 4).await.unwrap();
+    let first = store.read_logs(job, &[], 4, None).await.unwrap();
     assert_eq!(
         first.iter().map(|l| l.seq).collect::<Vec<_>>(),
         vec![0, 1, 2, 3]
@@ -463,7 +463,7 @@ async fn log_cursors_skip_nothing_and_repeat_nothing() {
         attempt: c.attempt,
         seq: 3,
     };
-    let rest = store.read_logs(job, &[cursor], 100).await.unwrap();
+    let rest = store.read_logs(job, &[cursor], 100, None).await.unwrap();
     assert_eq!(
         rest.iter().map(|l| l.seq).collect::<Vec<_>>(),
         vec![4, 5, 6, 7]
@@ -475,7 +475,7 @@ async fn log_cursors_skip_nothing_and_repeat_nothing() {
         .await
         .unwrap();
     let nul = store
-        .read_logs(job, &[LogCursor { seq: 7, ..cursor }], 10)
+        .read_logs(job, &[LogCursor { seq: 7, ..cursor }], 10, None)
         .await
         .unwrap();
     assert_eq!(nul[0].text, "nul\u{FFFD}byte");
