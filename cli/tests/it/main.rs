@@ -5,12 +5,14 @@ mod bad_input;
 mod batch;
 mod embedded;
 mod faults;
+mod gangs;
 mod jobs;
 mod placement;
 mod provisioners_local;
 mod s3;
 
 use std::path::PathBuf;
+use std::time::Duration;
 use testkit::{Server, ServerOptions};
 
 pub(crate) fn bin() -> PathBuf {
@@ -47,4 +49,12 @@ pub(crate) fn submit_hello(cli: &testkit::Cli) -> testkit::CliOutput {
         "hello.py",
     ])
     .success()
+}
+
+/// Waits until `n` workers have registered, so placement sees the whole fleet.
+pub(crate) fn wait_for_workers(cli: &testkit::Cli, n: usize) {
+    testkit::wait_for("the workers to register", Duration::from_secs(30), || {
+        let w = cli.run(&["workers", "--json"]).success().json();
+        (w["workers"].as_array().unwrap().len() >= n).then_some(())
+    });
 }

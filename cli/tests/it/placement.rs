@@ -1,7 +1,7 @@
 //! Placement that explains itself, end to end: simulated workers (`join --inventory`), the
 //! per-worker table and exit 3 at submit, dry runs, waiting reasons, device reservation.
 
-use crate::server;
+use crate::{server, wait_for_workers};
 use domain::fixtures::{cuda_inventory, inventory};
 use domain::{Accelerator, FrameworkCheck, Inventory, Library, Topology};
 use std::time::Duration;
@@ -32,13 +32,6 @@ fn simulated(server: &Server, name: &str, inv: &Inventory, extra: &[&str]) -> Wo
     let mut args = vec!["--inventory", file.to_str().unwrap()];
     args.extend_from_slice(extra);
     server.join(name, &args)
-}
-
-fn wait_for_workers(cli: &testkit::Cli, n: usize) {
-    wait_for("the workers to register", Duration::from_secs(30), || {
-        let w = cli.run(&["workers", "--json"]).success().json();
-        (w["workers"].as_array().unwrap().len() >= n).then_some(())
-    });
 }
 
 #[tokio::test(flavor = "multi_thread")]
