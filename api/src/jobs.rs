@@ -11,6 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use domain::{JobId, JobState};
+use futures_util::StreamExt;
 use object_store::ObjectStoreExt;
 use protocol::{
     CancelResponse, JobList, JobView, LogLine, LogPage, LogStreamMessage, Stream, SubmitRequest,
@@ -18,8 +19,10 @@ use protocol::{
 };
 use serde::Deserialize;
 use std::collections::HashMap;
+use std::io::Seek;
 use std::time::Duration;
 use store::{JobFilter, JobRow, LogCursor, StoredLine, Wakeup};
+use tokio::io::AsyncWriteExt;
 
 /// Most lines one read returns; followers read again at once when a read comes back full.
 const LOG_READ_LIMIT: i64 = 2000;
@@ -68,6 +71,7 @@ pub(crate) fn job_view(row: JobRow) -> JobView {
         finished_at: row.finished_at,
         layout: row.spec.layout,
         nodes: vec![],
+        placed: None,
     }
 }
 
@@ -260,6 +264,7 @@ pub async fn status(
             .into_iter()
             .map(node_view)
             .collect();
+        view.placed = app.store.gang_placement(view.id.0).await?;
     }
     if pending {
         view.waiting = Some(crate::placement::waiting(&app, view.id.0, &spec).await?);
@@ -442,6 +447,18 @@ pub async fn download_outputs(
     caller.require(Permission::ReadJobs)?;
     let id = job_id(&id)?;
     let job = app.store.get_job(id).await?;
+    if job.spec.layout.is_gang() && job.state.is_terminal() {
+        let parts: Vec<(u32, String)> = app
+            .store
+            .job_nodes(id)
+            .await?
+            .into_iter()
+            .filter_map(|n| Some((n.node as u32, n.outputs_key?)))
+            .collect();
+        if !parts.is_empty() {
+            return merged_outputs(&app, id, parts).await;
+        }
+    }
     let Some(key) = job.outputs_key else {
         // A job that ran to its end and wrote nothing to bring back has empty outputs.
         let ran_to_the_end = job.started_at.is_some() && job.exit_code.is_some();
@@ -473,7 +490,12 @@ pub async fn download_outputs(
         .await?;
     let size = got.meta.size;
     let body = Body::from_stream(got.into_stream());
-    Ok((
+    Ok(outputs_response(id, size, body))
+}
+
+/// A job's outputs archive as a download.
+fn outputs_response(id: i64, size: u64, body: Body) -> Response {
+    (
         [
             (header::CONTENT_TYPE, "application/gzip".to_string()),
             (header::CONTENT_LENGTH, size.to_string()),
@@ -484,5 +506,43 @@ pub async fn download_outputs(
         ],
         body,
     )
-        .into_response())
+        .into_response()
+}
+
+/// A multi-node job's outputs: its nodes' archives merged into one (`archive::merge_archives`:
+/// rank directories side by side, node K's glob matches under `node-K/`). The parts and the
+/// result are spooled through unlinked temp files, so a large checkpoint never sits in memory.
+async fn merged_outputs(app: &AppState, id: i64, parts: Vec<(u32, String)>) -> ApiResult<Response> {
+    let internal =
+        move |e: std::io::Error| ApiError::Internal(format!("merging job {id}'s outputs: {e}"));
+    let mut spooled = Vec::with_capacity(parts.len());
+    for (node, key) in parts {
+        let mut stream = app
+            .objects
+            .get(&object_store::path::Path::from(key))
+            .await?
+            .into_stream();
+        let mut file = tokio::fs::File::from_std(tempfile::tempfile().map_err(internal)?);
+        while let Some(chunk) = stream.next().await {
+            file.write_all(&chunk?).await.map_err(internal)?;
+        }
+        file.flush().await.map_err(internal)?;
+        let mut file = file.into_std().await;
+        file.seek(std::io::SeekFrom::Start(0)).map_err(internal)?;
+        spooled.push((node, file));
+    }
+    let merged = tokio::task::spawn_blocking(move || -> Result<std::fs::File, ApiError> {
+        let mut out = tempfile::tempfile().map_err(internal)?;
+        archive::merge_archives(spooled, &mut out)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        out.seek(std::io::SeekFrom::Start(0)).map_err(internal)?;
+        Ok(out)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let size = merged.metadata().map_err(internal)?.len();
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(
+        tokio::fs::File::from_std(merged),
+    ));
+    Ok(outputs_response(id, size, body))
 }

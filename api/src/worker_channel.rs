@@ -400,9 +400,10 @@ impl store::Placer for RoundPlacer {
             .collect();
         let reserved: Vec<WorkerId> = reserved.iter().copied().map(WorkerId).collect();
         match scheduler::place_gang(&views, spec, &reserved) {
-            scheduler::GangDecision::Place { nodes, .. } => {
-                store::GangChoice::Assign(nodes.into_iter().map(|(w, d)| (w.0, d)).collect())
-            }
+            scheduler::GangDecision::Place { nodes, why, .. } => store::GangChoice::Assign {
+                nodes: nodes.into_iter().map(|(w, d)| (w.0, d)).collect(),
+                why,
+            },
             scheduler::GangDecision::Reserve { workers, .. } => {
                 store::GangChoice::Reserve(workers.into_iter().map(|w| w.0).collect())
             }

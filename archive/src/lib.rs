@@ -8,6 +8,7 @@
 
 mod error;
 mod list;
+mod merge;
 mod outputs;
 mod pack;
 mod paths;
@@ -19,6 +20,7 @@ use sha2::{Digest as _, Sha256};
 
 pub use error::ArchiveError;
 pub use list::list_source_files;
+pub use merge::{merge_archives, merged_path};
 pub use outputs::collect_outputs;
 pub use pack::{PackSummary, pack_dir, pack_files};
 pub use unpack::unpack;

@@ -186,6 +186,9 @@ pub(crate) async fn status(args: JobArg) -> Result<()> {
             "layout:", job.layout.nodes, job.layout.procs_per_node, job.layout.spread
         );
     }
+    if let Some(placed) = &job.placed {
+        println!("{:<12} {placed}", "placed:");
+    }
     for n in &job.nodes {
         let worker = n.worker.as_ref().map(|w| w.name.as_str()).unwrap_or("-");
         let why = n

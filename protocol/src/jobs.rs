@@ -75,6 +75,10 @@ pub struct JobView {
     /// A multi-node job's nodes, in node order (`status` only; empty otherwise).
     #[serde(default)]
     pub nodes: Vec<NodeView>,
+    /// Where a multi-node job's latest attempt was placed and why, e.g. "2 nodes in network
+    /// group r1 (2 eligible there)" (`status` only).
+    #[serde(default)]
+    pub placed: Option<String>,
 }
 
 /// One node of a multi-node job.

@@ -28,8 +28,12 @@ const GANG_LOCK: i64 = 0x67616e67;
 /// What to do with a gang now, as the scheduler decides it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GangChoice {
-    /// Start it: node i on worker `nodes[i].0`, with those device indices.
-    Assign(Vec<(i64, Vec<u32>)>),
+    /// Start it: node i on worker `nodes[i].0`, with those device indices; `why` says how
+    /// close together they are (kept as the job's `placed` event).
+    Assign {
+        nodes: Vec<(i64, Vec<u32>)>,
+        why: String,
+    },
     /// Keep these workers for it.
     Reserve(Vec<i64>),
     /// Nothing to do now.
@@ -129,7 +133,7 @@ pub(crate) async fn attempt_gang_in(
     let workers = online_workers_in(tx).await?;
     let choice = placer.place_gang(&spec.0, &workers, &kept);
     let chosen: Vec<i64> = match &choice {
-        GangChoice::Assign(nodes) => nodes.iter().map(|(w, _)| *w).collect(),
+        GangChoice::Assign { nodes, .. } => nodes.iter().map(|(w, _)| *w).collect(),
         GangChoice::Reserve(ws) => ws.clone(),
         GangChoice::Wait => vec![],
     };
@@ -146,7 +150,7 @@ pub(crate) async fn attempt_gang_in(
     .bind(job_id)
     .execute(&mut **tx)
     .await?;
-    let GangChoice::Assign(nodes) = choice else {
+    let GangChoice::Assign { nodes, why } = choice else {
         return Ok(vec![]);
     };
     if nodes.len() != tasks.len() || {
@@ -183,7 +187,9 @@ pub(crate) async fn attempt_gang_in(
          ),
          j AS (UPDATE jobs SET state = 'assigned', reason = NULL WHERE id = $5 AND state = 'pending'),
          p AS (UPDATE worker_heartbeats SET pushed = true WHERE worker_id = ANY($2) AND worker_id <> $6)
-         INSERT INTO events (job_id, worker_id, kind) SELECT job_id, worker_id, 'assigned' FROM t",
+         INSERT INTO events (job_id, worker_id, kind, detail)
+         SELECT job_id, worker_id, 'assigned', NULL FROM t
+         UNION ALL SELECT $5, NULL, 'placed', $7",
     )
     .bind(&ids)
     .bind(&chosen)
@@ -191,6 +197,7 @@ pub(crate) async fn attempt_gang_in(
     .bind(&devices)
     .bind(job_id)
     .bind(worker_id)
+    .bind(&why)
     .execute(&mut **tx)
     .await?;
     let others: Vec<String> = chosen

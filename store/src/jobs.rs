@@ -249,6 +249,17 @@ impl Store {
         Ok(ids)
     }
 
+    /// Where a gang's latest attempt was placed and why (its latest `placed` event).
+    pub async fn gang_placement(&self, id: i64) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT detail FROM events WHERE job_id = $1 AND kind = 'placed' ORDER BY id DESC LIMIT 1",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?
+        .flatten())
+    }
+
     /// Every node of a job, in node order.
     pub async fn job_nodes(&self, id: i64) -> Result<Vec<NodeRow>> {
         let rows = sqlx::query(

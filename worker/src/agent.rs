@@ -166,13 +166,14 @@ pub async fn run(
         }
     };
     let shared_inventory = Arc::new(inventory.clone());
+    let labels = crate::locality::with_cloud_zone(config.labels.clone()).await;
     tokio::pin!(shutdown);
     let mut backoff = FIRST_BACKOFF;
 
     'register: loop {
         let request = RegisterRequest {
             name: config.name.clone(),
-            labels: config.labels.clone(),
+            labels: labels.clone(),
             slots: config.slots,
             inventory: inventory.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod frameworks;
 pub mod launch;
+pub mod locality;
 pub mod probe;
 pub mod process;
 pub mod reports;

@@ -92,6 +92,16 @@ async fn a_two_by_two_ddp_job_all_reduces_across_two_workers() {
         .success();
     assert!(rank3.stdout.contains("rank 3 of 4"), "{}", rank3.stdout);
     assert!(!rank3.stdout.contains("rank 2 of 4"), "{}", rank3.stdout);
+
+    // Both nodes' outputs arrive as one tree, one directory per rank.
+    let dest = server.data_dir.path().join("downloaded");
+    cli.run(&["download", &job.to_string(), dest.to_str().unwrap()])
+        .success();
+    for rank in 0..4 {
+        let got = std::fs::read_to_string(dest.join(format!("rank-{rank}/result.txt")))
+            .unwrap_or_else(|e| panic!("rank {rank}'s result.txt: {e}"));
+        assert_eq!(got, format!("{rank} 10.0\n"));
+    }
 }
 
 /// Whether a process still runs (a zombie does not).
@@ -194,6 +204,11 @@ async fn a_gang_stays_in_the_network_group_that_can_hold_it() {
         .collect();
     workers.sort();
     assert_eq!(workers, vec!["eu-b-r1", "eu-c-r1"]);
+    let shown = cli.run(&["status", &job.to_string()]).success().stdout;
+    assert!(
+        shown.contains("placed:      2 nodes in network group r1"),
+        "{shown}"
+    );
 
     // Three nodes: no group holds three, nor a zone; europe-west1 does.
     let job = cli.submit(&["--accelerator", "cpu", "--nodes", "3", "--", "true"]);
@@ -205,6 +220,14 @@ async fn a_gang_stays_in_the_network_group_that_can_hold_it() {
         .map(|n| n["worker"]["name"].as_str().unwrap().to_string())
         .collect();
     assert!(!used.iter().any(|w| w == "us-b"), "{used:?}");
+    assert!(
+        cli.status(job)["placed"]
+            .as_str()
+            .unwrap()
+            .starts_with("3 nodes in region europe-west1"),
+        "{}",
+        cli.status(job)
+    );
 
     // Four nodes would split regions: refused unless --spread region.
     let refused = cli.run(&[

@@ -58,7 +58,10 @@ impl Placer for FirstFree {
             .map(|w| w.id)
             .collect();
         if free.len() >= n {
-            GangChoice::Assign(free[..n].iter().map(|w| (*w, vec![])).collect())
+            GangChoice::Assign {
+                nodes: free[..n].iter().map(|w| (*w, vec![])).collect(),
+                why: format!("{n} nodes, the first free"),
+            }
         } else if workers.len() >= n {
             GangChoice::Reserve(workers[..n].iter().map(|w| w.id).collect())
         } else {
