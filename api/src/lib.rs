@@ -16,6 +16,7 @@
 
 pub mod auth;
 pub mod blobs;
+pub mod calls;
 pub mod error;
 pub mod hub;
 pub mod jobs;

@@ -17,6 +17,7 @@ use utoipa::OpenApi;
         crate::jobs::status,
         crate::jobs::cancel,
         crate::placement::dry_run,
+        crate::calls::results,
         crate::jobs::logs_page,
         crate::jobs::logs_ws,
         crate::jobs::download_outputs,

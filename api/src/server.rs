@@ -76,6 +76,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/jobs/{id}", get(jobs::status))
         .route("/placement", post(crate::placement::dry_run))
+        .route("/calls/results", post(crate::calls::results))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/logs", get(jobs::logs_page))
         .route("/jobs/{id}/logs/ws", get(jobs::logs_ws))

@@ -195,6 +195,7 @@ fn store_reports(reports: TaskReports) -> (Vec<StartReport>, Vec<FinishReport>) 
             completion: Completion {
                 exit_code: f.exit_code,
                 error: f.error,
+                call: f.call,
             },
             started_age: f.started_age_us.map(age),
             age: age(f.age_us),

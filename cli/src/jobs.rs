@@ -6,7 +6,7 @@ use clap::Args;
 use domain::{JobId, JobState};
 use protocol::JobView;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How often `wait` re-reads the job's state.
@@ -290,18 +290,14 @@ pub(crate) struct DownloadArgs {
     json: bool,
 }
 
-pub(crate) async fn download(args: DownloadArgs) -> Result<()> {
-    let id = parse_job(&args.job)?;
-    let client = crate::settings::client()?;
-    let dest = args
-        .dest
-        .unwrap_or_else(|| PathBuf::from(format!("job-{id}-outputs")));
+/// Downloads job `id`'s outputs (showing progress on `bar`) and unpacks them into `dest`.
+pub(crate) async fn fetch_outputs(
+    client: &client::Client,
+    id: i64,
+    dest: &Path,
+    bar: &indicatif::ProgressBar,
+) -> Result<(u64, Vec<PathBuf>)> {
     let tmp = tempfile::NamedTempFile::new().context("cannot create a temporary file")?;
-    let bar = if std::io::stderr().is_terminal() && !args.json {
-        indicatif::ProgressBar::new(0)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
     let bytes = client
         .download_outputs(id, tmp.path(), |done, total| {
             if let Some(t) = total {
@@ -311,7 +307,7 @@ pub(crate) async fn download(args: DownloadArgs) -> Result<()> {
         })
         .await?;
     bar.finish_and_clear();
-    let (from, to) = (tmp.path().to_path_buf(), dest.clone());
+    let (from, to) = (tmp.path().to_path_buf(), dest.to_path_buf());
     let files = tokio::task::spawn_blocking(move || {
         let f = std::fs::File::open(&from)?;
         archive::unpack(std::io::BufReader::new(f), &to).map_err(std::io::Error::other)
@@ -319,6 +315,21 @@ pub(crate) async fn download(args: DownloadArgs) -> Result<()> {
     .await
     .context("the unpack task failed")?
     .with_context(|| format!("cannot unpack the outputs into {}", dest.display()))?;
+    Ok((bytes, files))
+}
+
+pub(crate) async fn download(args: DownloadArgs) -> Result<()> {
+    let id = parse_job(&args.job)?;
+    let client = crate::settings::client()?;
+    let dest = args
+        .dest
+        .unwrap_or_else(|| PathBuf::from(format!("job-{id}-outputs")));
+    let bar = if std::io::stderr().is_terminal() && !args.json {
+        indicatif::ProgressBar::new(0)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let (bytes, files) = fetch_outputs(&client, id, &dest, &bar).await?;
     if args.json {
         let out = serde_json::json!({
             "job": id,

@@ -85,11 +85,20 @@ pub(crate) fn set_token_source(source: &str) {
 
 /// A client for the configured server.
 pub(crate) fn client() -> Result<Client> {
+    client_with(None, None)
+}
+
+/// A client for `url` with `token` where given, else as configured.
+pub(crate) fn client_with(url: Option<&str>, token: Option<&str>) -> Result<Client> {
     let path = config_path();
-    let env_url = std::env::var("GPULAYER_URL").ok().filter(|s| !s.is_empty());
-    let env_token = std::env::var("GPULAYER_TOKEN")
-        .ok()
-        .filter(|s| !s.is_empty());
+    let given = |v: Option<&str>| v.filter(|s| !s.is_empty()).map(str::to_string);
+    let env_url =
+        given(url).or_else(|| std::env::var("GPULAYER_URL").ok().filter(|s| !s.is_empty()));
+    let env_token = given(token).or_else(|| {
+        std::env::var("GPULAYER_TOKEN")
+            .ok()
+            .filter(|s| !s.is_empty())
+    });
     let file = if env_url.is_some() && env_token.is_some() {
         ConfigFile::default()
     } else {

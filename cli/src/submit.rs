@@ -96,8 +96,14 @@ pub(crate) struct SubmitArgs {
     command: Vec<String>,
 }
 
+impl SubmitArgs {
+    pub(crate) fn has_source(&self) -> bool {
+        self.source.is_some()
+    }
+}
+
 /// Checks everything the user typed before anything is packed or sent.
-fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
+pub(crate) fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
     let spec = JobSpec {
         name: args.name.as_deref().map(JobName::parse).transpose()?,
         command: Command::parse(args.command.clone())?,
@@ -144,6 +150,7 @@ fn spec_from(args: &SubmitArgs) -> Result<JobSpec> {
             procs_per_node: count("--procs-per-node", args.procs_per_node)?,
             spread: domain::Spread::parse(&args.spread)?,
         },
+        call: None,
     };
     spec.check()?;
     Ok(spec)
@@ -282,7 +289,7 @@ pub(crate) async fn run(args: SubmitArgs) -> Result<()> {
     Ok(())
 }
 
-fn check_source_dir(dir: &Path) -> Result<()> {
+pub(crate) fn check_source_dir(dir: &Path) -> Result<()> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => bail!("--source {} is not a directory", dir.display()),
@@ -294,7 +301,7 @@ fn check_source_dir(dir: &Path) -> Result<()> {
 }
 
 /// Packs `dir` into a temporary file and uploads it unless the server already has it.
-async fn ship_source(
+pub(crate) async fn ship_source(
     client: &client::Client,
     dir: &Path,
     show_progress: bool,

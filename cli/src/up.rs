@@ -35,6 +35,10 @@ pub(crate) struct UpArgs {
     /// Slots of the --with-worker worker (jobs it runs at once).
     #[arg(long, default_value_t = 1)]
     worker_slots: u32,
+    /// The Python interpreter of the --with-worker worker (jobs, framework checks and
+    /// remote functions run with it).
+    #[arg(long, default_value = "python3")]
+    worker_python: String,
     /// Seconds without a heartbeat after which a worker is declared lost.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_seconds: u64,
@@ -157,7 +161,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             advertise_addr: None,
             registered: None,
             inventory: worker::InventorySource::Probe {
-                python: "python3".into(),
+                python: args.worker_python.clone(),
                 refresh: false,
             },
         };

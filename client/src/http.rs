@@ -259,6 +259,14 @@ impl Client {
         self.json(resp).await
     }
 
+    /// The finished calls among `req.jobs`, waiting up to `req.wait_ms` for one to finish.
+    pub async fn call_results(
+        &self,
+        req: &protocol::calls::CallResultsRequest,
+    ) -> Result<protocol::calls::CallResults, ClientError> {
+        self.post_json("/v1/calls/results", req, true).await
+    }
+
     pub async fn list_jobs(&self, state: Option<&str>, limit: u32) -> Result<JobList, ClientError> {
         let mut path = format!("/v1/jobs?limit={limit}");
         if let Some(s) = state {

@@ -28,6 +28,7 @@ pub fn inventory(name: &str, devices: &[Accelerator]) -> Inventory {
         cuda_version: None,
         topology: None,
         frameworks: vec![],
+        python: None,
         simulated: true,
     }
 }
@@ -52,5 +53,6 @@ pub fn job(accelerator: Accelerator) -> JobSpec {
         priority: 0,
         timeout_seconds: None,
         layout: Default::default(),
+        call: None,
     }
 }

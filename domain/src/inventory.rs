@@ -112,6 +112,9 @@ pub struct Inventory {
     pub topology: Option<crate::Topology>,
     #[serde(default)]
     pub frameworks: Vec<FrameworkCheck>,
+    /// The version of the Python interpreter jobs and remote calls run with (`3.11.7`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
     /// True when the worker advertises a recorded inventory instead of probing (tests and
     /// load tests: `gpulayer join --inventory FILE`).
     #[serde(default)]

@@ -29,7 +29,10 @@ pub use ids::{Attempt, JobId, TaskId, WorkerId};
 pub use inventory::{Accelerator, Device, FrameworkCheck, Inventory};
 pub use layout::{Layout, Locality, ProcessPlace, Spread};
 pub use requirements::{FrameworkSpec, LabelSelector, Library, Requirements};
-pub use spec::{Command, Digest, EnvVar, JobName, JobSpec, OutputGlob, SourceRef, SpecError};
+pub use spec::{
+    CallOutcome, CallSpec, Command, Digest, EnvVar, JobName, JobSpec, OutputGlob, SourceRef,
+    SpecError,
+};
 pub use state::{JobState, TaskState};
 pub use topology::{Link, Topology};
 pub use version::{Version, VersionSpec};

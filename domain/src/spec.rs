@@ -331,6 +331,47 @@ pub struct JobSpec {
     /// node unless asked).
     #[serde(default)]
     pub layout: crate::Layout,
+    /// A remote Python function call (`@gl.remote`): the worker runs it in one of its warm
+    /// Python runners instead of starting `command` (which then only names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<CallSpec>,
+}
+
+/// The largest pickled arguments a call carries inline (base64 in the job's spec).
+pub const MAX_CALL_ARGS_BYTES: usize = 1 << 20;
+
+/// One call of a remote function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallSpec {
+    /// The cloudpickled function, stored as a blob (uploaded once per function).
+    pub function: Digest,
+    /// The cloudpickled `(args, kwargs)`, base64.
+    pub args: String,
+    /// The caller's Python `major.minor`: cloudpickle's output is only read back by the
+    /// same minor version, so only workers running it may take the call.
+    pub python: String,
+}
+
+/// How a remote call ended, as its runner reports it: the pickled return value, or what it
+/// raised (type, module, message, traceback, and the pickled exception when it pickles).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallOutcome {
+    pub ok: bool,
+    /// The pickled value (ok) or exception, base64.
+    #[serde(default)]
+    pub payload: Option<String>,
+    #[serde(default)]
+    pub error: Option<serde_json::Value>,
+}
+
+impl CallSpec {
+    /// `major.minor` of a Python version string (`3.11.7` -> `3.11`).
+    pub fn minor_of(version: &str) -> Option<&str> {
+        let mut parts = version.splitn(3, '.');
+        let (major, minor) = (parts.next()?, parts.next()?);
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        (digits(major) && digits(minor)).then(|| &version[..major.len() + 1 + minor.len()])
+    }
 }
 
 /// Retries when a job does not say: a lost machine is not the job's fault, so try again, but
@@ -360,7 +401,9 @@ impl JobSpec {
     /// devices, frameworks or labels. Every online worker offering the kind can run it, so
     /// the queue claims such jobs without asking the scheduler about each.
     pub fn is_plain(&self) -> bool {
-        !self.layout.is_gang()
+        // A call also needs the caller's Python version (see `CallSpec::python`).
+        self.call.is_none()
+            && !self.layout.is_gang()
             && self.devices_per_node() == 0
             && self.requirements.frameworks.is_empty()
             && self.requirements.labels.is_empty()
@@ -368,6 +411,25 @@ impl JobSpec {
 
     /// Checks the parts against each other (each part was checked when it was parsed).
     pub fn check(&self) -> Result<(), SpecError> {
+        if let Some(call) = &self.call {
+            if CallSpec::minor_of(&call.python) != Some(call.python.as_str()) {
+                return Err(SpecError::Inconsistent(format!(
+                    "a call's python must be major.minor (like 3.11), not {:?}",
+                    call.python
+                )));
+            }
+            if call.args.len() > MAX_CALL_ARGS_BYTES * 4 / 3 + 4 {
+                return Err(SpecError::Inconsistent(format!(
+                    "a call's pickled arguments are larger than {} MiB: pass large data as a file (source or outputs) instead",
+                    MAX_CALL_ARGS_BYTES >> 20
+                )));
+            }
+            if self.layout.is_distributed() {
+                return Err(SpecError::Inconsistent(
+                    "a remote function call runs on one node in one process".into(),
+                ));
+            }
+        }
         if self.timeout_seconds == Some(0) {
             return Err(SpecError::Inconsistent(
                 "--timeout must be at least 1 second".into(),

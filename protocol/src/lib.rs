@@ -9,6 +9,7 @@
 //! - [`workers`] — the worker channel: register, poll (with task reports), heartbeat, logs.
 //! - [`errors`] — the error body every non-2xx response carries.
 
+pub mod calls;
 pub mod errors;
 pub mod jobs;
 pub mod logs;

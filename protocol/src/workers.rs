@@ -109,6 +109,10 @@ pub struct TaskFinished {
     /// When its process started, if it did (a start not yet reported travels here).
     pub started_age_us: Option<u64>,
     pub age_us: u64,
+    /// A remote function call's value or exception.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub call: Option<domain::CallOutcome>,
 }
 
 /// One task handed to a worker.

@@ -40,6 +40,11 @@ pub enum Reason {
         wanted: String,
         has: Option<String>,
     },
+    /// A remote call pickled by one Python minor version, on a worker running another.
+    PythonVersion {
+        worker: String,
+        caller: String,
+    },
     /// The worker is not connected (its lease ran out).
     Offline,
     /// It could run it, but every slot is busy right now.
@@ -122,6 +127,10 @@ impl fmt::Display for Reason {
             } => {
                 write!(f, "label {key}={wanted} wanted, worker has no label {key}")
             }
+            Reason::PythonVersion { worker, caller } => write!(
+                f,
+                "runs Python {worker}, the caller runs {caller} (cloudpickle needs the same minor version)"
+            ),
             Reason::Offline => f.write_str("worker is offline"),
             Reason::Busy { slots } => write!(f, "all {slots} slot(s) busy"),
             Reason::DevicesBusy { kind, needed, free } => {
@@ -221,6 +230,15 @@ pub fn check(
     }
     for want in &spec.requirements.frameworks {
         check_framework(inventory, kind, want)?;
+    }
+    // A worker that did not say (a recorded inventory) is given the benefit of the doubt.
+    if let (Some(call), Some(version)) = (&spec.call, &inventory.python)
+        && domain::CallSpec::minor_of(version) != Some(call.python.as_str())
+    {
+        return Err(Reason::PythonVersion {
+            worker: version.clone(),
+            caller: call.python.clone(),
+        });
     }
     for selector in &spec.requirements.labels {
         let has = labels.get(&selector.key);
@@ -460,6 +478,56 @@ mod tests {
         assert_eq!(
             check(&with_gpu, &none, &spec).unwrap_err().to_string(),
             "torch on this worker cannot use CUDA"
+        );
+    }
+
+    #[test]
+    fn a_call_goes_only_where_python_has_the_callers_minor_version() {
+        let call = |python: &str| JobSpec {
+            call: Some(domain::CallSpec {
+                function: domain::Digest::parse(&"a".repeat(64)).unwrap(),
+                args: String::new(),
+                python: python.into(),
+            }),
+            ..job(Accelerator::Any)
+        };
+        let none = BTreeMap::new();
+        let with_python = |v: Option<&str>| Inventory {
+            python: v.map(str::to_string),
+            ..inventory("w", &[])
+        };
+        let cases = [
+            (Some("3.11.7"), "3.11", Ok(())),
+            (Some("3.11.0rc1"), "3.11", Ok(())),
+            (
+                Some("3.12.1"),
+                "3.11",
+                Err(
+                    "runs Python 3.12.1, the caller runs 3.11 (cloudpickle needs the same minor version)",
+                ),
+            ),
+            (
+                Some("3.1.0"),
+                "3.11",
+                Err(
+                    "runs Python 3.1.0, the caller runs 3.11 (cloudpickle needs the same minor version)",
+                ),
+            ),
+            // A recorded inventory that does not say: allowed.
+            (None, "3.11", Ok(())),
+        ];
+        for (worker, caller, expect) in cases {
+            let got = check(&with_python(worker), &none, &call(caller)).map_err(|r| r.to_string());
+            assert_eq!(
+                got,
+                expect.map_err(str::to_string),
+                "{worker:?} vs {caller}"
+            );
+        }
+        // A command job does not care.
+        assert_eq!(
+            check(&with_python(Some("2.7.18")), &none, &job(Accelerator::Any)),
+            Ok(())
         );
     }
 }

@@ -378,6 +378,7 @@ impl Store {
                  ORDER BY id LIMIT $2
              ),
              l AS (DELETE FROM logs WHERE job_id IN (SELECT id FROM doomed)),
+             r AS (DELETE FROM call_results WHERE job_id IN (SELECT id FROM doomed)),
              e AS (DELETE FROM events WHERE job_id IN (SELECT id FROM doomed)),
              t AS (DELETE FROM tasks WHERE job_id IN (SELECT id FROM doomed) RETURNING outputs_key),
              j AS (DELETE FROM jobs WHERE id IN (SELECT id FROM doomed))

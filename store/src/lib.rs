@@ -21,6 +21,7 @@
 //! - [`leader`] — the advisory-lock leader that runs sweeps.
 
 pub mod blobs;
+pub mod calls;
 pub mod embedded;
 pub mod gangs;
 pub mod jobs;
@@ -33,6 +34,7 @@ pub mod tokens;
 pub mod wakeups;
 pub mod workers;
 
+pub use calls::CallResult;
 pub use embedded::{EmbeddedError, EmbeddedPostgres};
 pub use gangs::{GangChoice, Placer, Rendezvous};
 pub use jobs::{JobFilter, JobRow, NodeRow};

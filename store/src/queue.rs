@@ -223,7 +223,7 @@ impl Store {
                 "finish_batch",
                 FINISH_BATCH,
                 "1, '{1,2}', '{1,1}', '{succeeded,failed}', '{0,1}', '{NULL,x}', '{f,t}', \
-                 '{0,0}', '{0,0}', 'gpulayer_job'"
+                 '{0,0}', '{0,0}', 'gpulayer_job', '{NULL,NULL}'"
                     .to_string(),
             ),
             (

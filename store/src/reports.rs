@@ -19,6 +19,8 @@ use std::time::Duration;
 pub struct Completion {
     pub exit_code: Option<i32>,
     pub error: Option<String>,
+    /// A remote call's value or exception, kept for its caller (`call_results`).
+    pub call: Option<domain::CallOutcome>,
 }
 
 /// A task's process started `age` before the report was sent.
@@ -68,7 +70,8 @@ pub(crate) const RECORD_STARTS: &str = "WITH r AS (SELECT * FROM unnest($2::bigi
 
 /// Finishes a batch of attempts (see `finish_batch`): $1 worker, then per end its task,
 /// attempt, final state, exit code, reason, whether it failed, and the ages of its start and
-/// end in microseconds; $10 the channel to wake log followers on.
+/// end in microseconds; $10 the channel to wake log followers on; $11 the calls' outcomes
+/// (JSON, NULL for command tasks).
 pub(crate) const FINISH_BATCH: &str = "WITH r AS (
          SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[], $5::int[], $6::text[], $7::bool[], $8::bigint[], $9::bigint[])
              AS r(id, attempt, state, exit_code, reason, failed, started_age_us, age_us)
@@ -102,6 +105,14 @@ pub(crate) const FINISH_BATCH: &str = "WITH r AS (
              UNION ALL
              SELECT job_id, state, reason, finished_at, 1 FROM t
          ) AS x ORDER BY job_id, step
+     ),
+     c AS (
+         INSERT INTO call_results (job_id, ok, payload, error)
+         SELECT t.job_id, (o.outcome->>'ok')::bool, o.outcome->>'payload', o.outcome->'error'
+         FROM t JOIN (SELECT * FROM unnest($2::bigint[], $11::jsonb[]) AS o(id, outcome)) AS o ON o.id = t.id
+         WHERE o.outcome IS NOT NULL
+         ON CONFLICT (job_id) DO UPDATE SET ok = EXCLUDED.ok, payload = EXCLUDED.payload,
+             error = EXCLUDED.error, at = now()
      )
      SELECT t.id, t.attempt FROM t, pg_notify($10, t.job_id::text)";
 
@@ -428,6 +439,10 @@ async fn finish_batch<'e>(
     let failed: Vec<bool> = outcomes.iter().map(|o| o.failed).collect();
     let started: Vec<Option<i64>> = reports.iter().map(|r| r.started_age.map(micros)).collect();
     let ages: Vec<i64> = reports.iter().map(|r| micros(r.age)).collect();
+    let calls: Vec<Option<sqlx::types::Json<&domain::CallOutcome>>> = reports
+        .iter()
+        .map(|r| r.completion.call.as_ref().map(sqlx::types::Json))
+        .collect();
     Ok(sqlx::query_as(FINISH_BATCH)
         .bind(worker_id)
         .bind(&ids)
@@ -439,6 +454,7 @@ async fn finish_batch<'e>(
         .bind(&started)
         .bind(&ages)
         .bind(Channel::Job.name())
+        .bind(&calls)
         .fetch_all(executor)
         .await?)
 }

@@ -76,6 +76,8 @@ struct Tasks {
     run_dir: PathBuf,
     /// Kills the tasks' process groups if this process dies first.
     sentinel: Option<Arc<Sentinel>>,
+    /// Warm Python runners for remote function calls, per slot.
+    runners: Arc<crate::calls::Runners>,
 }
 
 impl Tasks {
@@ -87,6 +89,7 @@ impl Tasks {
             free_dirs: Mutex::new((0..slots as usize).rev().collect()),
             run_dir,
             sentinel,
+            runners: Arc::default(),
         }
     }
 
@@ -403,6 +406,11 @@ fn start_task(
         stop: stop_rx,
         sentinel: tasks.sentinel.clone(),
         advertise_addr: config.advertise_addr.clone(),
+        python: match &config.inventory {
+            InventorySource::Probe { python, .. } => python.clone(),
+            InventorySource::Recorded(_) => "python3".into(),
+        },
+        runners: tasks.runners.clone(),
     };
     let tasks = tasks.clone();
     tokio::spawn(async move {

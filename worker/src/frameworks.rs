@@ -143,6 +143,16 @@ async fn run_one(
     }
 }
 
+/// The version of `python` (`3.11.7`), or None when it does not run.
+pub async fn python_version(python: &str) -> Option<String> {
+    let script = "import sys; print('%d.%d.%d' % sys.version_info[:3])";
+    let out = python_output(python, &["-c", script], Duration::from_secs(30))
+        .await
+        .ok()?;
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && domain::CallSpec::minor_of(&version).is_some()).then_some(version)
+}
+
 /// Runs (or reads from the cache) every applicable check.
 pub async fn check_frameworks(opts: &CheckOptions) -> Vec<FrameworkCheck> {
     let key = match python_output(&opts.python, &["-c", KEY_SCRIPT], opts.timeout).await {

@@ -14,6 +14,7 @@
 //! - [`probe`] — what this machine has.
 
 pub mod agent;
+pub mod calls;
 pub mod frameworks;
 pub mod launch;
 pub mod locality;
@@ -43,7 +44,12 @@ pub async fn detect(
         refresh,
         driver_version: inventory.driver_version.clone(),
     };
-    inventory.frameworks = frameworks::check_frameworks(&options).await;
+    let (checks, python) = tokio::join!(
+        frameworks::check_frameworks(&options),
+        frameworks::python_version(python)
+    );
+    inventory.frameworks = checks;
+    inventory.python = python;
     inventory
 }
 

@@ -30,6 +30,7 @@ pub fn host_inventory() -> Inventory {
         cuda_version: nvidia.cuda_version,
         topology,
         frameworks: vec![],
+        python: None,
         simulated: false,
     }
 }

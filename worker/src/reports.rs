@@ -18,6 +18,8 @@ pub struct Ending {
     pub error: Option<String>,
     /// When its process started, if it did.
     pub started: Option<Instant>,
+    /// A remote function call's value or exception.
+    pub call: Option<domain::CallOutcome>,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +84,7 @@ impl Reports {
                 error: ending.error.clone(),
                 started_age_us: ending.started.map(age_us),
                 age_us: age_us(*at),
+                call: ending.call.clone(),
             });
             carried.finished.push(*lease);
         }
@@ -128,6 +131,7 @@ mod tests {
             exit_code: Some(code),
             error: None,
             started: Some(started),
+            call: None,
         }
     }
 

@@ -49,6 +49,26 @@ pub struct TaskContext {
     /// The address other nodes reach this worker at (node 0 of a multi-node job gives it as
     /// the rendezvous); None: the one on the route to the server.
     pub advertise_addr: Option<String>,
+    /// The interpreter remote function calls run with.
+    pub python: String,
+    /// The slots' warm Python runners.
+    pub runners: Arc<crate::calls::Runners>,
+}
+
+impl TaskContext {
+    /// Records that the task's process (or call) started now, for the next poll.
+    pub(crate) fn report_started(&self, started: &mut Option<Instant>) {
+        let now = Instant::now();
+        *started = Some(now);
+        let a = &self.assignment;
+        self.reports.started(
+            TaskLease {
+                task: a.task,
+                attempt: a.attempt,
+            },
+            now,
+        );
+    }
 }
 
 /// How the task ended, for the agent's bookkeeping.
@@ -79,7 +99,20 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
     let shipping = tokio::spawn(shipper.run(lines_rx));
 
     let mut started = None;
-    let outcome = execute(&mut ctx, &src, &output_dir, lines_tx, &mut started).await;
+    let outcome = if ctx.assignment.spec.call.is_some() {
+        let prepared = std::fs::create_dir_all(&src)
+            .and_then(|()| std::fs::create_dir_all(&output_dir))
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()));
+        match prepared {
+            Ok(()) => crate::calls::execute(&mut ctx, &src, &lines_tx, &mut started).await,
+            Err(e) => Err(e),
+        }
+    } else {
+        execute(&mut ctx, &src, &output_dir, lines_tx.clone(), &mut started)
+            .await
+            .map(|(code, failed)| (code, failed, None))
+    };
+    drop(lines_tx);
     let shipped = shipping.await.unwrap_or(ShipEnd::LeaseLost);
     let stopped = *ctx.stop.borrow();
     // A task stopped because its lease is gone, or because this worker is leaving, is not
@@ -91,15 +124,17 @@ pub async fn run_task(mut ctx: TaskContext) -> TaskEnd {
         TaskEnd::LeaseLost
     } else {
         let mut ending = match outcome {
-            Ok((code, failed)) => Ending {
+            Ok((code, failed, call)) => Ending {
                 exit_code: Some(code),
                 error: failed,
                 started,
+                call,
             },
             Err(error) => Ending {
                 exit_code: None,
                 error: Some(error),
                 started,
+                call: None,
             },
         };
         if ending.error.is_none()
@@ -242,15 +277,7 @@ async fn execute(
     }
     // Reported with the next poll; if the task is no longer ours, that poll's stop orders
     // say so and the group is killed.
-    let now = Instant::now();
-    *started = Some(now);
-    ctx.reports.started(
-        TaskLease {
-            task: a.task,
-            attempt: a.attempt,
-        },
-        now,
-    );
+    ctx.report_started(started);
     let limit = a.spec.timeout_seconds.map(Duration::from_secs);
     let first_rank = distributed.then(|| a.node * a.spec.layout.procs_per_node);
     let finish = group.wait(&mut ctx.stop, limit, first_rank).await;

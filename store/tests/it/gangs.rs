@@ -91,6 +91,7 @@ fn ended(c: &store::Claimed, code: i32) -> FinishReport {
         task_id: c.task_id,
         attempt: c.attempt,
         completion: Completion {
+            call: None,
             exit_code: Some(code),
             error: None,
         },

@@ -250,6 +250,7 @@ async fn a_stale_attempt_can_neither_log_nor_complete() {
             c.task_id,
             c.attempt,
             &Completion {
+                call: None,
                 exit_code: Some(0),
                 error: None,
             },
@@ -261,6 +262,7 @@ async fn a_stale_attempt_can_neither_log_nor_complete() {
     ));
 
     let done = Completion {
+        call: None,
         exit_code: Some(3),
         error: None,
     };
@@ -326,6 +328,7 @@ async fn a_lost_workers_job_is_retried_elsewhere_and_the_old_attempt_is_fenced_o
         .remove(0);
     assert_eq!((second.task_id, second.attempt), (first.task_id, 2));
     let ok = Completion {
+        call: None,
         exit_code: Some(0),
         error: None,
     };
@@ -386,6 +389,7 @@ async fn a_failing_job_is_retried_only_when_it_asked() {
     let job = store.insert_job(&retried, None, None).await.unwrap();
     let w = worker(&store, "w", 0).await;
     let exit_1 = Completion {
+        call: None,
         exit_code: Some(1),
         error: None,
     };
@@ -513,6 +517,7 @@ async fn cancelling_a_running_job_becomes_a_stop_order_for_its_worker() {
             c.task_id,
             c.attempt,
             &Completion {
+                call: None,
                 exit_code: Some(143),
                 error: None,
             },
@@ -707,6 +712,7 @@ async fn a_batch_of_ends_finishes_each_job_once_dated_by_the_workers_ages() {
         task_id: c.task_id,
         attempt: c.attempt,
         completion: Completion {
+            call: None,
             exit_code: Some(code),
             error: None,
         },
@@ -860,6 +866,7 @@ async fn a_claim_sees_the_devices_running_tasks_hold_and_records_its_own() {
             done.task_id,
             done.attempt,
             &store::Completion {
+                call: None,
                 exit_code: Some(0),
                 error: None,
             },
@@ -979,6 +986,7 @@ async fn finished_jobs_past_their_retention_are_pruned_and_nothing_else() {
     let store = store().await;
     let (old, w, c) = running_job(&store, "w").await;
     let ok = Completion {
+        call: None,
         exit_code: Some(0),
         error: None,
     };

@@ -1,0 +1,67 @@
+//! The CLI's client-side operations without their printing, for the Python package's native
+//! module (`python/`): one place decides how flags become a job, how a source is shipped and
+//! how outputs come back, whichever way in the user took.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use domain::{JobSpec, SourceRef};
+use protocol::{PlacementReport, SubmitRequest};
+use std::path::{Path, PathBuf};
+
+pub use client::{Client, ClientError};
+
+/// A client for `url` with `token`, each defaulting as the CLI's do (environment, then the
+/// config file `gpulayer up` wrote).
+pub fn connect(url: Option<&str>, token: Option<&str>) -> Result<Client> {
+    crate::settings::client_with(url, token)
+}
+
+/// The one-line message the CLI would print for `e`.
+pub fn explain(e: &anyhow::Error) -> String {
+    crate::settings::explain(e)
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "gpulayer submit", no_binary_name = true)]
+struct SubmitLine {
+    #[command(flatten)]
+    args: crate::submit::SubmitArgs,
+}
+
+/// The job `gpulayer submit ARGS` would submit (no `--source`: see [`ship_source`]), checked
+/// with the CLI's own messages.
+pub fn spec_from_args(args: &[String]) -> Result<JobSpec> {
+    let line = SubmitLine::try_parse_from(args).map_err(|e| {
+        let text = e.render().to_string();
+        let first = text
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("bad arguments");
+        anyhow::anyhow!("{}", first.trim_start_matches("error: "))
+    })?;
+    if line.args.has_source() {
+        bail!("give the source to ship_source, not as --source");
+    }
+    crate::submit::spec_from(&line.args)
+}
+
+/// Which workers could run `spec`, and why not the others. Nothing is stored.
+pub async fn placement(client: &Client, spec: &JobSpec) -> Result<PlacementReport> {
+    Ok(client
+        .placement(&SubmitRequest { spec: spec.clone() })
+        .await?)
+}
+
+/// Packs `dir` and uploads it unless the server has it already.
+pub async fn ship_source(client: &Client, dir: &Path) -> Result<SourceRef> {
+    crate::submit::check_source_dir(dir)?;
+    crate::submit::ship_source(client, dir, false).await
+}
+
+/// Downloads job `id`'s outputs and unpacks them into `dest`: the bytes fetched and the
+/// files written (relative to `dest`).
+pub async fn download(client: &Client, id: i64, dest: &Path) -> Result<(u64, Vec<PathBuf>)> {
+    crate::jobs::fetch_outputs(client, id, dest, &indicatif::ProgressBar::hidden())
+        .await
+        .with_context(|| format!("downloading job {id}'s outputs"))
+}
