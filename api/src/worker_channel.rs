@@ -253,6 +253,7 @@ pub async fn poll(
                 req.poll_seq,
                 app.woken_claims.clone(),
             );
+            let call_room = req.call_room;
             let gangs_due = gangs_due(&app);
             // The reports and the reconciliation go with the first round only.
             let (started, finished) = (
@@ -272,6 +273,12 @@ pub async fn poll(
                     accelerators: &accelerators,
                     free_slots: free,
                     track_devices: !view.inventory.devices.is_empty(),
+                    call_room,
+                    call_python: view
+                        .inventory
+                        .python
+                        .as_deref()
+                        .and_then(domain::CallSpec::minor_of),
                 };
                 let placer = RoundPlacer {
                     view: view.clone(),

@@ -409,6 +409,17 @@ impl JobSpec {
             && self.requirements.labels.is_empty()
     }
 
+    /// For a remote call that asks for nothing but its kind (and its caller's Python), that
+    /// Python's `major.minor`: such calls may be queued on a worker beyond its free slots.
+    pub fn queueable_call(&self) -> Option<&str> {
+        let call = self.call.as_ref()?;
+        let only_the_kind = !self.layout.is_gang()
+            && self.devices_per_node() == 0
+            && self.requirements.frameworks.is_empty()
+            && self.requirements.labels.is_empty();
+        only_the_kind.then_some(call.python.as_str())
+    }
+
     /// Checks the parts against each other (each part was checked when it was parsed).
     pub fn check(&self) -> Result<(), SpecError> {
         if let Some(call) = &self.call {

@@ -56,6 +56,10 @@ pub struct TaskLease {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct PollRequest {
     pub free_slots: u32,
+    /// Remote function calls the worker would queue beyond its free slots (its warm runners
+    /// take them one after another): calls are claimed in batches.
+    #[serde(default)]
+    pub call_room: u32,
     pub running: Vec<TaskLease>,
     pub wait_ms: u64,
     /// Set on the first poll after registering, and after a poll that failed or was dropped

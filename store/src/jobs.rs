@@ -187,11 +187,12 @@ impl Store {
         let retry: Vec<bool> = specs.iter().map(|s| s.retry_failed).collect();
         let plain: Vec<bool> = specs.iter().map(JobSpec::is_plain).collect();
         let nodes: Vec<i32> = specs.iter().map(|s| s.layout.nodes as i32).collect();
+        let call_python: Vec<Option<&str>> = specs.iter().map(JobSpec::queueable_call).collect();
         let rows: Vec<(i64, bool)> = sqlx::query_as(
             "WITH input AS MATERIALIZED (
                  SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id, i.*
-                 FROM unnest($1::text[], $2::jsonb[], $3::text[], $5::text[], $6::int[], $7::int[], $8::bool[], $10::bool[], $11::int[])
-                      WITH ORDINALITY AS i(name, spec, accelerator, key, priority, max_attempts, retry_failed, plain, nodes, n)
+                 FROM unnest($1::text[], $2::jsonb[], $3::text[], $5::text[], $6::int[], $7::int[], $8::bool[], $10::bool[], $11::int[], $12::text[])
+                      WITH ORDINALITY AS i(name, spec, accelerator, key, priority, max_attempts, retry_failed, plain, nodes, call_python, n)
              ),
              j AS (
                  INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key, priority)
@@ -202,9 +203,9 @@ impl Store {
              -- A task per node, node i's with task_index i.
              t AS (
                  INSERT INTO tasks (job_id, task_index, state, accelerator, max_attempts, retry_failed, priority,
-                                    plain, gang_size)
+                                    plain, gang_size, call_python)
                  SELECT input.id, node.i, 'pending', input.accelerator, input.max_attempts, input.retry_failed,
-                        input.priority, input.plain, input.nodes
+                        input.priority, input.plain, input.nodes, input.call_python
                  FROM input JOIN j ON j.id = input.id
                       CROSS JOIN LATERAL generate_series(0, input.nodes - 1) AS node(i)
              ),
@@ -225,6 +226,7 @@ impl Store {
         .bind(Channel::Work.name())
         .bind(&plain)
         .bind(&nodes)
+        .bind(&call_python)
         .fetch_all(self.pool())
         .await?;
         let mut ids = Vec::with_capacity(rows.len());

@@ -4,7 +4,8 @@
 
 use crate::gangs::Placer;
 use crate::queue::{
-    Claimed, PollContext, ROUND_BEGIN, StopReason, claim_in, fail_forgotten_in, stop_orders_in,
+    Claimed, PollContext, ROUND_BEGIN, StopReason, claim_calls_in, claim_in, fail_forgotten_in,
+    stop_orders_in,
 };
 use crate::reports::{FinishReport, StartReport, finish_tasks_in, record_starts_in};
 use crate::{Result, Store, StoreError};
@@ -28,6 +29,10 @@ pub struct PollRound<'a> {
     pub free_slots: u32,
     /// Whether the worker has devices (claims then ask the scheduler about each task).
     pub track_devices: bool,
+    /// Queueable remote calls the worker takes beyond its free slots, and its Python
+    /// `major.minor` (see `JobSpec::queueable_call`).
+    pub call_room: u32,
+    pub call_python: Option<&'a str>,
 }
 
 /// What the queue answers a poll.
@@ -58,7 +63,7 @@ impl Store {
             fail_forgotten_in(&mut tx, worker_id, &ids).await?;
         }
         let stop = stop_orders_in(&mut *tx, worker_id, round.running).await?;
-        let claimed = if round.free_slots == 0 {
+        let mut claimed = if round.free_slots == 0 {
             // No claim to record the heartbeat (and to notice a lost worker) with.
             crate::workers::heartbeat_in(&mut *tx, worker_id).await?;
             Some(vec![])
@@ -86,6 +91,20 @@ impl Store {
                 Err(e) => return Err(e),
             }
         };
+        if let (Some(taken), Some(python)) = (claimed.as_mut(), round.call_python)
+            && round.call_room > 0
+        {
+            let calls = claim_calls_in(
+                &mut tx,
+                worker_id,
+                round.seq,
+                python,
+                round.accelerators,
+                round.call_room,
+            )
+            .await?;
+            taken.extend(calls);
+        }
         tx.commit().await?;
         Ok(RoundOutcome {
             lost,

@@ -111,6 +111,65 @@ const CLAIM_PLAIN: &str = "WITH h AS (
             EXISTS (SELECT 1 FROM tasks WHERE state = 'pending' AND gang_size > 1)
      FROM h";
 
+/// A claim of queueable remote calls (see `JobSpec::queueable_call`) beyond the worker's free
+/// slots: $1 worker, $2 poll sequence number, $3 the worker's Python `major.minor`, $4
+/// accelerator kinds, $5 how many. Fenced like `CLAIM_PLAIN` (nothing for a poll older than
+/// the worker's newest, a worker not online, or one kept for a gang).
+pub(crate) const CLAIM_CALLS: &str = "WITH h AS (
+         SELECT h.worker_id FROM worker_heartbeats h JOIN workers w ON w.id = h.worker_id
+         WHERE h.worker_id = $1 AND w.state = 'online' AND h.poll_seq <= $2
+           AND NOT h.pushed AND h.reserved_for IS NULL
+     ),
+     c AS MATERIALIZED (
+         SELECT id FROM tasks
+         WHERE state = 'pending' AND call_python = $3 AND accelerator = ANY($4) AND gang_size = 1
+           AND EXISTS (SELECT 1 FROM h)
+         ORDER BY priority DESC, id
+         LIMIT $5
+         FOR NO KEY UPDATE SKIP LOCKED
+     ),
+     a AS (
+         UPDATE tasks SET state = 'assigned', worker_id = $1, attempt = tasks.attempt + 1,
+             assigned_at = now(), started_at = NULL, exit_code = NULL, reason = NULL, devices = '{}'
+         FROM c WHERE tasks.id = c.id
+         RETURNING tasks.id, tasks.job_id, tasks.attempt
+     ),
+     j AS (UPDATE jobs SET state = 'assigned' FROM a WHERE jobs.id = a.job_id AND jobs.state = 'pending'),
+     e AS (INSERT INTO events (job_id, worker_id, kind) SELECT job_id, $1, 'assigned' FROM a)
+     SELECT a.id, a.job_id, a.attempt, jobs.spec FROM a JOIN jobs ON jobs.id = a.job_id";
+
+/// Claims up to `room` queueable calls for a worker whose Python is `python` (see
+/// [`CLAIM_CALLS`]).
+pub(crate) async fn claim_calls_in(
+    tx: &mut Transaction<'_, Postgres>,
+    worker_id: i64,
+    seq: u64,
+    python: &str,
+    accelerators: &[Accelerator],
+    room: u32,
+) -> Result<Vec<Claimed>> {
+    let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
+    let rows: Vec<(i64, i64, i32, sqlx::types::Json<JobSpec>)> = sqlx::query_as(CLAIM_CALLS)
+        .bind(worker_id)
+        .bind(seq as i64)
+        .bind(python)
+        .bind(&kinds)
+        .bind(i64::from(room))
+        .fetch_all(&mut **tx)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(task_id, job_id, attempt, spec)| Claimed {
+            job_id,
+            task_id,
+            attempt,
+            spec: spec.0,
+            devices: vec![],
+            node: 0,
+        })
+        .collect())
+}
+
 /// A task just assigned to the claiming worker (or handed out again).
 #[derive(Debug, Clone)]
 pub struct Claimed {

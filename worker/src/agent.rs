@@ -28,6 +28,9 @@ const POLL_WAIT: Duration = Duration::from_secs(20);
 /// they saturate); short against any
 /// job worth queueing, and a cancel still reaches a running task within it.
 const REPORT_LINGER: Duration = Duration::from_millis(20);
+/// How many remote calls a slot's runner may have waiting (a map's small calls are claimed
+/// and reported in batches of up to this many per slot).
+const CALLS_QUEUED_PER_SLOT: usize = 16;
 /// Pause after a failed call before trying again, doubling up to the maximum.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -78,6 +81,9 @@ struct Tasks {
     sentinel: Option<Arc<Sentinel>>,
     /// Warm Python runners for remote function calls, per slot.
     runners: Arc<crate::calls::Runners>,
+    /// Remote calls assigned beyond the free slots, waiting for one (they count as running).
+    queued:
+        Mutex<std::collections::VecDeque<(protocol::Assignment, watch::Receiver<Option<StopWhy>>)>>,
 }
 
 impl Tasks {
@@ -90,6 +96,7 @@ impl Tasks {
             run_dir,
             sentinel,
             runners: Arc::default(),
+            queued: Mutex::default(),
         }
     }
 
@@ -169,6 +176,10 @@ pub async fn run(
         }
     };
     let shared_inventory = Arc::new(inventory.clone());
+    // Only a worker that knows its interpreter takes calls ahead of its slots (a recorded
+    // inventory does not say which Python runs them).
+    let probed_python = inventory.python.is_some();
+    let shared_config = Arc::new(config.clone());
     let labels = crate::locality::with_cloud_zone(config.labels.clone()).await;
     tokio::pin!(shutdown);
     let mut backoff = FIRST_BACKOFF;
@@ -202,6 +213,13 @@ pub async fn run(
             let _ = tx.send(worker);
         }
 
+        let launcher = Launcher {
+            inventory: shared_inventory.clone(),
+            client: client.clone(),
+            worker,
+            config: shared_config.clone(),
+            tasks: tasks.clone(),
+        };
         let heartbeat = tokio::spawn(heartbeat_loop(
             client.clone(),
             worker,
@@ -230,10 +248,18 @@ pub async fn run(
                 }
             }
             let free = (config.slots as usize).saturating_sub(tasks.busy()) as u32;
+            // Queueable remote calls are taken in batches: each slot's warm runner works
+            // through several.
+            let call_room = if probed_python {
+                (config.slots as usize * CALLS_QUEUED_PER_SLOT).saturating_sub(tasks.busy()) as u32
+            } else {
+                0
+            };
             let (reports, carried) = tasks.reports.for_poll(std::time::Instant::now());
             poll_seq += 1;
             let request = PollRequest {
                 free_slots: free,
+                call_room,
                 running: tasks.leases(),
                 wait_ms: POLL_WAIT.as_millis() as u64,
                 reconcile,
@@ -256,7 +282,7 @@ pub async fn run(
             };
             let Some(answer) = answer else {
                 // A dropped poll with room may have claimed tasks for us: ask for them.
-                reconcile |= free > 0;
+                reconcile |= free > 0 || call_room > 0;
                 continue;
             };
             match answer {
@@ -278,14 +304,7 @@ pub async fn run(
                         started_at = Some(Instant::now());
                     }
                     for assignment in resp.assignments {
-                        start_task(
-                            &shared_inventory,
-                            &client,
-                            worker,
-                            &config,
-                            &tasks,
-                            assignment,
-                        );
+                        start_task(&launcher, assignment);
                     }
                 }
                 Err(e) if is_worker_lost(&e) => {
@@ -348,14 +367,18 @@ async fn reason_to_repoll(tasks: &Tasks, slots: u32, asked_free: u32) {
     }
 }
 
-fn start_task(
-    inventory: &Arc<domain::Inventory>,
-    client: &Client,
+/// What starting a task needs from the agent, shared by every task of one registration.
+#[derive(Clone)]
+struct Launcher {
+    inventory: Arc<domain::Inventory>,
+    client: Client,
     worker: i64,
-    config: &WorkerConfig,
-    tasks: &Arc<Tasks>,
-    assignment: protocol::Assignment,
-) {
+    config: Arc<WorkerConfig>,
+    tasks: Arc<Tasks>,
+}
+
+fn start_task(launcher: &Launcher, assignment: protocol::Assignment) {
+    let tasks = &launcher.tasks;
     let lease = TaskLease {
         task: TaskId(assignment.task.0),
         attempt: Attempt(assignment.attempt.0),
@@ -370,10 +393,32 @@ fn start_task(
         running.insert(lease, Running { stop: stop_tx });
     }
     // A kept work directory is the task's own; so is one for a task beyond the slots (never
-    // expected: the server assigns no more than the free slots).
-    let slot = match config.keep_work_dirs {
+    // expected but for remote calls: the server assigns no more than the free slots, and
+    // calls beyond them wait for a slot's runner).
+    let slot = match launcher.config.keep_work_dirs {
         true => None,
         false => tasks.free_dirs.lock().expect("slots lock").pop(),
+    };
+    if slot.is_none() && !launcher.config.keep_work_dirs && assignment.spec.call.is_some() {
+        let mut queued = tasks.queued.lock().expect("queue lock");
+        queued.push_back((assignment, stop_rx));
+        return;
+    }
+    run_in(launcher.clone(), slot, assignment, stop_rx);
+}
+
+/// Runs a task in slot `slot` (or a directory of its own), then hands the slot to the next
+/// queued call, if any.
+fn run_in(
+    launcher: Launcher,
+    slot: Option<usize>,
+    assignment: protocol::Assignment,
+    stop_rx: watch::Receiver<Option<StopWhy>>,
+) {
+    let (tasks, config) = (&launcher.tasks, &launcher.config);
+    let lease = TaskLease {
+        task: TaskId(assignment.task.0),
+        attempt: Attempt(assignment.attempt.0),
     };
     let work_dir = match slot {
         Some(i) => WorkDir {
@@ -388,21 +433,21 @@ fn start_task(
             keep: config.keep_work_dirs,
         },
     };
-    tracing::info!(
+    tracing::debug!(
         job = assignment.job.0,
         task = lease.task.0,
         attempt = lease.attempt.0,
         "starting"
     );
     let ctx = TaskContext {
-        client: client.clone(),
-        worker,
+        client: launcher.client.clone(),
+        worker: launcher.worker,
         worker_name: config.name.clone(),
         assignment,
         work_root: config.work_root.clone(),
         work_dir: work_dir.clone(),
         reports: tasks.reports.clone(),
-        inventory: inventory.clone(),
+        inventory: launcher.inventory.clone(),
         stop: stop_rx,
         sentinel: tasks.sentinel.clone(),
         advertise_addr: config.advertise_addr.clone(),
@@ -412,7 +457,6 @@ fn start_task(
         },
         runners: tasks.runners.clone(),
     };
-    let tasks = tasks.clone();
     tokio::spawn(async move {
         let end = run_task(ctx).await;
         if end == TaskEnd::LeaseLost {
@@ -421,14 +465,25 @@ fn start_task(
                 "task stopped: it is no longer this worker's"
             );
         }
-        match slot {
-            Some(i) => tasks.free_dirs.lock().expect("slots lock").push(i),
+        let tasks = &launcher.tasks;
+        let next = match slot {
+            Some(i) => {
+                let next = tasks.queued.lock().expect("queue lock").pop_front();
+                if next.is_none() {
+                    tasks.free_dirs.lock().expect("slots lock").push(i);
+                }
+                next
+            }
             None if !work_dir.keep => {
                 let _ = tokio::fs::remove_dir_all(&work_dir.dir).await;
+                None
             }
-            None => {}
-        }
+            None => None,
+        };
         tasks.running.lock().expect("tasks lock").remove(&lease);
+        if let Some((assignment, stop_rx)) = next {
+            run_in(launcher.clone(), slot, assignment, stop_rx);
+        }
         tasks.freed.notify_waiters();
     });
 }
@@ -467,6 +522,7 @@ async fn shut_down(client: &Client, worker: i64, tasks: &Tasks, poll_seq: u64) {
     if !reports.is_empty() {
         let last = PollRequest {
             free_slots: 0,
+            call_room: 0,
             running: tasks.leases(),
             wait_ms: 0,
             reconcile: false,

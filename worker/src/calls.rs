@@ -255,6 +255,10 @@ pub async fn execute(
     let system = |text: String| async move {
         let _ = lines.send((Stream::System, None, text)).await;
     };
+    // A call that waited in the queue may have been stopped meanwhile: nothing ran.
+    if ctx.stop.borrow().is_some() {
+        return Err("stopped before it started".into());
+    }
     let function_path = function_file(ctx, call.function.as_str()).await?;
     let dir = ctx.work_dir.dir.clone();
     let mut runner = match ctx.runners.take(&dir, &python) {

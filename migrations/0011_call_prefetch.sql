@@ -1,0 +1,7 @@
+-- Remote function calls that ask for nothing but their accelerator kind and the caller's
+-- Python minor version: any worker with that Python takes them, and a worker may queue
+-- more of them than it has free slots (its warm runners take them one after another), so a
+-- map over many small calls is claimed in batches. NULL for every other task.
+ALTER TABLE tasks ADD COLUMN call_python TEXT;
+CREATE INDEX tasks_pending_calls ON tasks (call_python, priority DESC, id)
+    WHERE state = 'pending' AND call_python IS NOT NULL;
