@@ -95,6 +95,9 @@ def test_a_remote_exception_is_raised_as_its_own_type_with_the_remote_traceback(
     cause = e.value.__cause__
     assert isinstance(cause, gl.RemoteTraceback)
     assert "in explode" in cause.text, cause.text
+    # The frame points at this file, with its source line, as a local traceback would.
+    assert f'File "{__file__}"' in cause.text, cause.text
+    assert 'raise Boom(f"item {x} is a multiple of three")' in cause.text, cause.text
     assert "Boom: item 3 is a multiple of three" in cause.text, cause.text
     assert "in run" not in cause.text, cause.text
     got = list(explode.map(range(6), return_exceptions=True))

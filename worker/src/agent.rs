@@ -533,6 +533,7 @@ async fn shut_down(client: &Client, worker: i64, tasks: &Tasks, poll_seq: u64) {
             tracing::warn!(error = %e, "could not report the last task ends");
         }
     }
+    tasks.runners.stop_all();
     let _ = std::fs::remove_dir_all(&tasks.run_dir);
     if let Err(e) = client.deregister_worker(worker).await {
         tracing::warn!(error = %e, "could not deregister; the server will declare this worker lost after its lease");

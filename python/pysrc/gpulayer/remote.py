@@ -13,6 +13,8 @@ import base64
 import functools
 import hashlib
 import json
+import linecache
+import re
 import sys
 import time
 from typing import (
@@ -111,14 +113,36 @@ def _dumps(obj: Any, what: str, by_value: Optional[str] = None) -> bytes:
             cp.unregister_pickle_by_value(module)
 
 
-def _rebuild_exception(error: Mapping[str, Any]) -> BaseException:
+_DYNAMIC_FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (.+)$')
+
+
+def _with_local_sources(text: str, source_file: Optional[str]) -> str:
+    """The remote traceback with its frames in code shipped by value (which cloudpickle
+    names ``<dynamic-code>``) pointed back at the caller's file, source lines included."""
+    if not source_file:
+        return text
+    out: List[str] = []
+    for line in text.splitlines():
+        m = _DYNAMIC_FRAME.match(line)
+        if not m:
+            out.append(line)
+            continue
+        indent, number, name = m.groups()
+        out.append(f'{indent}File "{source_file}", line {number}, in {name}')
+        source = linecache.getline(source_file, int(number)).strip()
+        if source:
+            out.append(f"{indent}  {source}")
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def _rebuild_exception(error: Mapping[str, Any], source_file: Optional[str] = None) -> BaseException:
     kind = error.get("kind")
     message = error.get("message", "")
     if kind == "too_large":
         return ResultTooLarge(message)
     if kind == "serialization":
         return SerializationError(message)
-    text = error.get("traceback", "")
+    text = _with_local_sources(error.get("traceback", ""), source_file)
     pickled = error.get("pickled")
     if pickled:
         try:
@@ -141,14 +165,15 @@ def _echo(lines: List[List[Any]]) -> None:
         sys.stdout.flush()
 
 
-def _outcome(result: Mapping[str, Any]) -> Tuple[bool, Any]:
-    """(True, value) or (False, the exception to raise) for a finished call."""
+def _outcome(result: Mapping[str, Any], source_file: Optional[str] = None) -> Tuple[bool, Any]:
+    """(True, value) or (False, the exception to raise) for a finished call; `source_file`
+    is where the function's module lives here (for the remote traceback)."""
     _echo(result.get("lines") or [])
     ok = result.get("ok")
     if ok:
         return True, _cloudpickle().loads(base64.b64decode(result["payload"]))
     if ok is False and result.get("error"):
-        return False, _rebuild_exception(result["error"])
+        return False, _rebuild_exception(result["error"], source_file)
     why = f": {result['reason']}" if result.get("reason") else ""
     return False, JobFailed(f"call {result['job']} {result['state']}{why}", dict(result))
 
@@ -156,8 +181,9 @@ def _outcome(result: Mapping[str, Any]) -> Tuple[bool, Any]:
 class Call(Generic[R]):
     """One call running (or queued) remotely."""
 
-    def __init__(self, id: int) -> None:
+    def __init__(self, id: int, source_file: Optional[str] = None) -> None:
         self.id = id
+        self._source_file = source_file
         self._result: Optional[Tuple[bool, Any]] = None
 
     def __repr__(self) -> str:
@@ -173,7 +199,7 @@ class Call(Generic[R]):
                 left = RESULTS_WAIT_MS if deadline is None else (deadline - time.monotonic()) * 1000
                 found = loads(call(client.call_results, [self.id], int(max(0, min(left, RESULTS_WAIT_MS)))))
                 if found["results"]:
-                    self._result = _outcome(found["results"][0])
+                    self._result = _outcome(found["results"][0], self._source_file)
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"call {self.id} did not finish within {timeout} s")
@@ -209,6 +235,13 @@ class RemoteFunction(Generic[R]):
         """Runs the function here, in this process."""
         return self._fn(*args, **kwargs)
 
+    def _source_file(self) -> Optional[str]:
+        """The file of the function's module when it travels by value (see `_dumps`)."""
+        module = getattr(self._fn, "__module__", None)
+        if module and _is_user_module(module):
+            return getattr(sys.modules[module], "__file__", None)
+        return None
+
     def _template(self) -> Tuple[str, Dict[str, Any]]:
         """(the function's digest, a spec to copy per call): pickled and uploaded once."""
         client = _client.client()
@@ -243,7 +276,7 @@ class RemoteFunction(Generic[R]):
         """Submits one call and returns at once. Raises ``SchedulingError`` with every
         worker's reason when no worker could run it."""
         view = loads(call(_client.client().submit, self._spec(args, kwargs), None))
-        return Call(view["id"])
+        return Call(view["id"], self._source_file())
 
     def remote(self, *args: Any, **kwargs: Any) -> R:
         """Runs the function once on a worker and returns its value (or raises what it
@@ -296,6 +329,7 @@ class RemoteFunction(Generic[R]):
 
     def _results(self, ids: List[int], order_outputs: bool, return_exceptions: bool) -> Iterator[Any]:
         client = _client.client()
+        source = self._source_file()
         position = {job: i for i, job in enumerate(ids)}
         pending = list(ids)
         done: Dict[int, Tuple[bool, Any]] = {}
@@ -307,7 +341,7 @@ class RemoteFunction(Generic[R]):
                 finished = set()
                 for r in found:
                     finished.add(r["job"])
-                    done[position[r["job"]]] = _outcome(r)
+                    done[position[r["job"]]] = _outcome(r, source)
                 if finished:
                     pending = [j for j in pending if j not in finished]
             ready: List[int]
