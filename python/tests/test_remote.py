@@ -205,3 +205,44 @@ def test_a_server_that_went_away_raises_connection_error(server: Server) -> None
             square.remote(1)
     finally:
         gl.connect(server.url, server.token)
+
+
+@gl.remote(env={"GREETING": "hello from env"})
+def read_env() -> str:
+    return os.environ["GREETING"] + " / job " + os.environ["GPULAYER_JOB_ID"]
+
+
+def test_env_reaches_the_call_and_leaves_the_runner_as_it_was(server: Server) -> None:
+    call = read_env.spawn()
+    assert call.result(timeout=60) == f"hello from env / job {call.id}"
+    # The same runners serve other functions afterwards without the variable.
+    assert not any(has_greeting.map(range(8)))
+
+
+@gl.remote
+def has_greeting(_: int) -> bool:
+    return "GREETING" in os.environ
+
+
+@gl.remote(retries=1)
+def fails_once(marker: str) -> str:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first attempt fails")
+    return "second attempt"
+
+
+def test_retries_run_a_failing_call_again(server: Server, tmp_path) -> None:
+    assert fails_once.remote(str(tmp_path / "marker")) == "second attempt"
+
+
+@gl.remote(timeout=1)
+def sleeps(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_call_past_its_timeout_is_stopped_and_says_so(server: Server) -> None:
+    started = time.time()
+    with pytest.raises(gl.JobFailed, match="timed out after 1 s"):
+        sleeps.remote(30)
+    assert time.time() - started < 15

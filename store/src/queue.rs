@@ -114,16 +114,25 @@ const CLAIM_PLAIN: &str = "WITH h AS (
 /// A claim of queueable remote calls (see `JobSpec::queueable_call`) beyond the worker's free
 /// slots: $1 worker, $2 poll sequence number, $3 the worker's Python `major.minor`, $4
 /// accelerator kinds, $5 how many. Fenced like `CLAIM_PLAIN` (nothing for a poll older than
-/// the worker's newest, a worker not online, or one kept for a gang).
+/// the worker's newest, a worker not online, or one kept for a gang). Only calls ahead of the
+/// first other pending task of the worker's kinds are taken (`o`): queue order is kept, and
+/// a stream of calls cannot keep the worker's slots from a job waiting behind them.
 pub(crate) const CLAIM_CALLS: &str = "WITH h AS (
          SELECT h.worker_id FROM worker_heartbeats h JOIN workers w ON w.id = h.worker_id
          WHERE h.worker_id = $1 AND w.state = 'online' AND h.poll_seq <= $2
            AND NOT h.pushed AND h.reserved_for IS NULL
      ),
+     o AS (
+         SELECT priority, id FROM tasks
+         WHERE state = 'pending' AND call_python IS NULL AND gang_size = 1 AND accelerator = ANY($4)
+         ORDER BY priority DESC, id
+         LIMIT 1
+     ),
      c AS MATERIALIZED (
          SELECT id FROM tasks
          WHERE state = 'pending' AND call_python = $3 AND accelerator = ANY($4) AND gang_size = 1
            AND EXISTS (SELECT 1 FROM h)
+           AND NOT EXISTS (SELECT 1 FROM o WHERE (-o.priority, o.id) < (-tasks.priority, tasks.id))
          ORDER BY priority DESC, id
          LIMIT $5
          FOR NO KEY UPDATE SKIP LOCKED
@@ -284,6 +293,11 @@ impl Store {
                 "1, '{1,2}', '{1,1}', '{succeeded,failed}', '{0,1}', '{NULL,x}', '{f,t}', \
                  '{0,0}', '{0,0}', 'gpulayer_job', '{NULL,NULL}'"
                     .to_string(),
+            ),
+            (
+                "calls_ahead",
+                CLAIM_CALLS,
+                format!("1, 1, '3.11', {kinds}, 16"),
             ),
             (
                 "stop_orders",

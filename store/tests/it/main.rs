@@ -1,4 +1,5 @@
 //! Store tests against a real PostgreSQL: one fresh database per test.
 
+mod calls;
 mod gangs;
 mod queue;
