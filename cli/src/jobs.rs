@@ -11,6 +11,7 @@ use std::time::Duration;
 
 /// How often `wait` re-reads the job's state.
 const WAIT_POLL: Duration = Duration::from_millis(200);
+const FIRST_WAIT_POLL: Duration = Duration::from_millis(5);
 
 pub(crate) fn parse_job(raw: &str) -> Result<i64> {
     Ok(raw.parse::<JobId>()?.0)
@@ -224,18 +225,36 @@ pub(crate) struct WaitArgs {
     json: bool,
 }
 
+/// Job `id` once it has ended (Ok), or as it is at `deadline` (Err). Asks quickly at first (a
+/// short job ends in milliseconds), then more gently.
+pub(crate) async fn wait_for_end(
+    client: &client::Client,
+    id: i64,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<std::result::Result<JobView, JobView>> {
+    let mut pause = FIRST_WAIT_POLL;
+    loop {
+        let job = client.job(id).await?;
+        if job.state.is_terminal() {
+            return Ok(Ok(job));
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return Ok(Err(job));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(WAIT_POLL);
+    }
+}
+
 pub(crate) async fn wait(args: WaitArgs) -> Result<()> {
     let id = parse_job(&args.job)?;
     let client = crate::settings::client()?;
     let deadline = args
         .timeout
         .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
-    let job = loop {
-        let job = client.job(id).await?;
-        if job.state.is_terminal() {
-            break job;
-        }
-        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+    let job = match wait_for_end(&client, id, deadline).await? {
+        Ok(job) => job,
+        Err(job) => {
             eprintln!(
                 "job {id} is still {} after {}s",
                 job.state,
@@ -243,7 +262,6 @@ pub(crate) async fn wait(args: WaitArgs) -> Result<()> {
             );
             return Err(crate::Exit(124).into());
         }
-        tokio::time::sleep(WAIT_POLL).await;
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);

@@ -93,14 +93,23 @@ pub(crate) async fn run(args: LogsArgs) -> Result<()> {
         }
         return Ok(());
     }
+    for_each_stored_line(&client, job, args.rank, |line| print_line(line, args.json)).await
+}
+
+/// Every line stored for job `id` so far (of process `rank` only, if given), page by page.
+pub(crate) async fn for_each_stored_line(
+    client: &client::Client,
+    id: i64,
+    rank: Option<u32>,
+    mut each: impl FnMut(&protocol::LogLine),
+) -> Result<()> {
     let mut after: Option<String> = None;
     loop {
-        let page = client.logs_page(job, after.as_deref(), args.rank).await?;
-        let Some(last) = page.lines.last() else { break };
+        let page = client.logs_page(id, after.as_deref(), rank).await?;
+        let Some(last) = page.lines.last() else {
+            return Ok(());
+        };
         after = Some(format!("{}:{}:{}", last.task, last.attempt, last.seq));
-        for line in &page.lines {
-            print_line(line, args.json);
-        }
+        page.lines.iter().for_each(&mut each);
     }
-    Ok(())
 }

@@ -5,8 +5,9 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use domain::{JobSpec, SourceRef};
-use protocol::{PlacementReport, SubmitRequest};
+use protocol::{JobView, LogLine, PlacementReport, SubmitRequest};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub use client::{Client, ClientError};
 
@@ -56,6 +57,20 @@ pub async fn placement(client: &Client, spec: &JobSpec) -> Result<PlacementRepor
 pub async fn ship_source(client: &Client, dir: &Path) -> Result<SourceRef> {
     crate::submit::check_source_dir(dir)?;
     crate::submit::ship_source(client, dir, false).await
+}
+
+/// Job `id` once it has ended, or None if it is still going after `timeout`.
+pub async fn wait(client: &Client, id: i64, timeout: Option<Duration>) -> Result<Option<JobView>> {
+    // A timeout too long to add is no timeout.
+    let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
+    Ok(crate::jobs::wait_for_end(client, id, deadline).await?.ok())
+}
+
+/// Every line stored for job `id` so far (of process `rank` only, if given).
+pub async fn stored_lines(client: &Client, id: i64, rank: Option<u32>) -> Result<Vec<LogLine>> {
+    let mut lines = Vec::new();
+    crate::logs::for_each_stored_line(client, id, rank, |l| lines.push(l.clone())).await?;
+    Ok(lines)
 }
 
 /// Downloads job `id`'s outputs and unpacks them into `dest`: the bytes fetched and the

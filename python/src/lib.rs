@@ -213,21 +213,12 @@ impl NativeClient {
     fn wait(&self, py: Python<'_>, id: i64, timeout: Option<f64>) -> PyResult<Option<String>> {
         let client = self.inner.clone();
         block_on(py, async move {
-            let deadline =
-                timeout.map(|s| tokio::time::Instant::now() + Duration::from_secs_f64(s));
-            // Quick at first (a short job ends in milliseconds), then gentle on the server.
-            let mut pause = Duration::from_millis(5);
-            loop {
-                let job = client.job(id).await?;
-                if job.state.is_terminal() {
-                    return Ok(Some(json(&job)?));
-                }
-                if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-                    return Ok(None);
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(250));
-            }
+            // Negative waits not at all; one too long for a Duration waits forever.
+            let timeout = timeout.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok());
+            sdk::wait(&client, id, timeout)
+                .await?
+                .map(|job| json(&job))
+                .transpose()
         })
     }
 
@@ -236,18 +227,8 @@ impl NativeClient {
     fn logs(&self, py: Python<'_>, id: i64, rank: Option<u32>) -> PyResult<Vec<String>> {
         let client = self.inner.clone();
         block_on(py, async move {
-            let mut lines = Vec::new();
-            let mut after: Option<String> = None;
-            loop {
-                let page = client.logs_page(id, after.as_deref(), rank).await?;
-                let Some(last) = page.lines.last() else {
-                    return Ok(lines);
-                };
-                after = Some(format!("{}:{}:{}", last.task, last.attempt, last.seq));
-                for l in &page.lines {
-                    lines.push(json(l)?);
-                }
-            }
+            let lines = sdk::stored_lines(&client, id, rank).await?;
+            lines.iter().map(json).collect()
         })
     }
 

@@ -16,11 +16,10 @@
 
 use crate::queue::Claimed;
 use crate::wakeups::Channel;
-use crate::workers::WorkerRow;
+use crate::workers::{WORKER_COLUMNS, WorkerRow, worker_row};
 use crate::{Result, Store, StoreError, record_event};
-use domain::{Inventory, JobSpec};
+use domain::JobSpec;
 use sqlx::{Postgres, Row, Transaction};
-use std::collections::BTreeMap;
 
 /// The advisory lock under which gangs are started (an arbitrary constant: "gang").
 const GANG_LOCK: i64 = 0x67616e67;
@@ -360,41 +359,14 @@ pub(crate) async fn stop_gang(
 /// Online workers with what they run now, for the gang placer. (No order: sorting is off
 /// in a poll's transaction.)
 async fn online_workers_in(tx: &mut Transaction<'_, Postgres>) -> Result<Vec<WorkerRow>> {
-    let rows = sqlx::query(
-        "SELECT w.id, w.name, w.state, w.labels, w.slots, w.inventory, w.version,
-                w.registered_at, h.last_seen,
-                (SELECT count(*) FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy,
-                (SELECT coalesce(array_agg(d), '{}') FROM tasks t, unnest(t.devices) AS d
-                 WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy_devices
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {WORKER_COLUMNS}
          FROM workers w JOIN worker_heartbeats h ON h.worker_id = w.id
-         WHERE w.state = 'online'",
-    )
+         WHERE w.state = 'online'"
+    )))
     .fetch_all(&mut **tx)
     .await?;
-    let mut workers: Vec<WorkerRow> = rows
-        .into_iter()
-        .map(|r| {
-            let labels: sqlx::types::Json<BTreeMap<String, String>> = r.get("labels");
-            let inventory: sqlx::types::Json<Inventory> = r.get("inventory");
-            WorkerRow {
-                id: r.get("id"),
-                name: r.get("name"),
-                state: r.get("state"),
-                labels: labels.0,
-                slots: r.get::<i32, _>("slots") as u32,
-                busy_slots: r.get::<i64, _>("busy") as u32,
-                inventory: inventory.0,
-                version: r.get("version"),
-                last_seen: r.get("last_seen"),
-                registered_at: r.get("registered_at"),
-                busy_devices: r
-                    .get::<Vec<i32>, _>("busy_devices")
-                    .into_iter()
-                    .map(|d| d as u32)
-                    .collect(),
-            }
-        })
-        .collect();
+    let mut workers: Vec<WorkerRow> = rows.iter().map(worker_row).collect();
     workers.sort_by_key(|w| w.id);
     Ok(workers)
 }

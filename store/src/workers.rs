@@ -157,43 +157,17 @@ impl Store {
     }
 
     async fn read_workers(&self, only: Option<i64>) -> Result<Vec<WorkerRow>> {
-        let rows = sqlx::query(
-            "SELECT w.id, w.name, w.state, w.labels, w.slots, w.inventory, w.version,
-                    w.registered_at, h.last_seen,
-                    (SELECT count(*) FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy,
-                    (SELECT coalesce(array_agg(d), '{}') FROM tasks t, unnest(t.devices) AS d
-                     WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy_devices
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {WORKER_COLUMNS}
              FROM workers w LEFT JOIN worker_heartbeats h ON h.worker_id = w.id
              WHERE $1::bigint IS NULL OR w.id = $1
              ORDER BY (w.state = 'online') DESC, w.id DESC
-             LIMIT 1000",
-        )
+             LIMIT 1000"
+        )))
         .bind(only)
         .fetch_all(self.pool())
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                let labels: sqlx::types::Json<BTreeMap<String, String>> = r.get("labels");
-                let inventory: sqlx::types::Json<Inventory> = r.get("inventory");
-                Ok(WorkerRow {
-                    id: r.get("id"),
-                    name: r.get("name"),
-                    state: r.get("state"),
-                    labels: labels.0,
-                    slots: r.get::<i32, _>("slots") as u32,
-                    busy_slots: r.get::<i64, _>("busy") as u32,
-                    inventory: inventory.0,
-                    version: r.get("version"),
-                    last_seen: r.get("last_seen"),
-                    registered_at: r.get("registered_at"),
-                    busy_devices: r
-                        .get::<Vec<i32>, _>("busy_devices")
-                        .into_iter()
-                        .map(|d| d as u32)
-                        .collect(),
-                })
-            })
-            .collect()
+        Ok(rows.iter().map(worker_row).collect())
     }
 }
 
@@ -241,4 +215,35 @@ pub(crate) async fn heartbeat_in<'e>(
         return Err(StoreError::WorkerLost(worker_id));
     }
     Ok(())
+}
+
+/// The columns [`worker_row`] reads, of `workers w` joined with `worker_heartbeats h`: the
+/// worker, and how many tasks and which devices it runs now.
+pub(crate) const WORKER_COLUMNS: &str = "w.id, w.name, w.state, w.labels, w.slots, w.inventory, w.version,
+    w.registered_at, h.last_seen,
+    (SELECT count(*) FROM tasks t WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy,
+    (SELECT coalesce(array_agg(d), '{}') FROM tasks t, unnest(t.devices) AS d
+     WHERE t.worker_id = w.id AND t.state IN ('assigned', 'running')) AS busy_devices";
+
+/// A worker as [`WORKER_COLUMNS`] select it.
+pub(crate) fn worker_row(r: &sqlx::postgres::PgRow) -> WorkerRow {
+    let labels: sqlx::types::Json<BTreeMap<String, String>> = r.get("labels");
+    let inventory: sqlx::types::Json<Inventory> = r.get("inventory");
+    WorkerRow {
+        id: r.get("id"),
+        name: r.get("name"),
+        state: r.get("state"),
+        labels: labels.0,
+        slots: r.get::<i32, _>("slots") as u32,
+        busy_slots: r.get::<i64, _>("busy") as u32,
+        inventory: inventory.0,
+        version: r.get("version"),
+        last_seen: r.get("last_seen"),
+        registered_at: r.get("registered_at"),
+        busy_devices: r
+            .get::<Vec<i32>, _>("busy_devices")
+            .into_iter()
+            .map(|d| d as u32)
+            .collect(),
+    }
 }

@@ -334,7 +334,9 @@ pub async fn execute(
                     let status = runner.child.wait().await.map(exit_code).unwrap_or(-1);
                     drain(&mut runner, lines, seq).await;
                     runner.kill();
-                    return Err(format!("the Python runner exited during the call (exit code {status})"));
+                    return Err(format!(
+                        "the Python interpreter running the call exited (exit code {status}): the function ended it (os._exit, a crash in native code, or out of memory); see the call's last lines"
+                    ));
                 }
             },
             () = stop_ordered(&mut ctx.stop) => {
