@@ -1,14 +1,18 @@
-//! Remote function calls' results for their callers: `POST /v1/calls/results`, answered at
-//! once with the calls that have finished, or held (woken by NOTIFY on the jobs channel,
-//! re-read every second as a safety net) until one does or `wait_ms` passes.
+//! Remote function calls for their callers: `POST /v1/calls/results`, answered at once with
+//! the calls that have finished, or held (woken by NOTIFY on the jobs channel, re-read every
+//! second as a safety net) until one does or `wait_ms` passes; and `POST /v1/calls`, which
+//! submits one call and waits for it the same way.
 
 use crate::auth::{Caller, Permission};
 use crate::error::{ApiError, ApiResult};
 use crate::server::AppState;
 use axum::Json;
 use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::HeaderMap;
 use protocol::calls::{
-    CallResult, CallResults, CallResultsRequest, MAX_CALLS_PER_REQUEST, MAX_RESULTS_WAIT_MS,
+    CallAnswer, CallRequest, CallResult, CallResults, CallResultsRequest, MAX_CALLS_PER_REQUEST,
+    MAX_RESULTS_WAIT_MS,
 };
 use std::time::Duration;
 use store::Wakeup;
@@ -31,16 +35,72 @@ pub async fn results(
         )));
     }
     let deadline = Instant::now() + Duration::from_millis(req.wait_ms.min(MAX_RESULTS_WAIT_MS));
+    let found = finished_calls(&app, &req.jobs, deadline).await?;
+    Ok(Json(CallResults {
+        results: found.into_iter().map(view).collect(),
+    }))
+}
+
+/// Submits one call and waits (up to `wait_ms`) for its result: a single `.remote()` costs
+/// one request instead of a submit and a results request.
+#[utoipa::path(post, path = "/v1/calls", request_body = CallRequest, responses((status = 200, body = CallAnswer), (status = 422, body = protocol::ErrorBody)))]
+pub async fn call(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Json<CallRequest>, JsonRejection>,
+) -> ApiResult<Json<CallAnswer>> {
+    caller.require(Permission::SubmitJobs)?;
+    let req = crate::jobs::json_body(body)?;
+    if req.spec.call.is_none() {
+        return Err(ApiError::BadRequest(
+            "POST /v1/calls takes remote function calls; submit other jobs to /v1/jobs".into(),
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_millis(req.wait_ms.min(MAX_RESULTS_WAIT_MS));
+    // Subscribed before the submit, so its end cannot slip by: the first read waits for it
+    // (a call just submitted has not finished).
+    let rx = app.hub.subscribe_jobs();
+    let job = crate::jobs::accept(&app, &caller, &headers, &req.spec).await?;
+    let result = wait_for_calls(&app, rx, &[job], deadline, true)
+        .await?
+        .into_iter()
+        .next()
+        .map(view);
+    Ok(Json(CallAnswer { job, result }))
+}
+
+/// The calls among `jobs` that have finished, waiting until one has (woken by NOTIFY on the
+/// jobs channel, re-read every `SAFETY_RECHECK`) or `deadline` passes.
+async fn finished_calls(
+    app: &AppState,
+    jobs: &[i64],
+    deadline: Instant,
+) -> ApiResult<Vec<store::CallResult>> {
     // Subscribed before the first read, so a finish between the read and the wait wakes it.
-    let mut rx = app.hub.subscribe_jobs();
-    let asked: std::collections::HashSet<i64> = req.jobs.iter().copied().collect();
+    let rx = app.hub.subscribe_jobs();
+    wait_for_calls(app, rx, jobs, deadline, false).await
+}
+
+/// `finished_calls` with the subscription `rx` taken earlier; with `wait_first`, the first
+/// read waits for a wake-up (or the safety re-check) instead of going at once.
+async fn wait_for_calls(
+    app: &AppState,
+    mut rx: tokio::sync::broadcast::Receiver<Wakeup>,
+    jobs: &[i64],
+    deadline: Instant,
+    wait_first: bool,
+) -> ApiResult<Vec<store::CallResult>> {
+    let asked: std::collections::HashSet<i64> = jobs.iter().copied().collect();
+    let mut read = !wait_first;
     loop {
-        let found = app.store.call_results(&req.jobs).await?;
-        if !found.is_empty() || Instant::now() >= deadline {
-            return Ok(Json(CallResults {
-                results: found.into_iter().map(view).collect(),
-            }));
+        if read {
+            let found = app.store.call_results(jobs).await?;
+            if !found.is_empty() || Instant::now() >= deadline {
+                return Ok(found);
+            }
         }
+        read = true;
         let relevant = |w: &Wakeup| match w {
             Wakeup::Notified {
                 job_id: Some(j), ..

@@ -116,8 +116,22 @@ pub async fn submit(
 ) -> ApiResult<Json<JobView>> {
     caller.require(Permission::SubmitJobs)?;
     let req = json_body(body)?;
-    crate::placement::admit(&app, &req.spec).await?;
-    if let Some(source) = &req.spec.source {
+    let id = accept(&app, &caller, &headers, &req.spec).await?;
+    Ok(Json(job_view(app.store.get_job(id).await?)))
+}
+
+/// A submit's work: checks `spec`, then hands it straight to a waiting worker when one on
+/// this replica can start it now, else admits it (refused when nobody could ever run it)
+/// and queues it, waking the workers. The job's id.
+pub(crate) async fn accept(
+    app: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    spec: &domain::JobSpec,
+) -> ApiResult<i64> {
+    spec.check()
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    if let Some(source) = &spec.source {
         let stored = app.store.blob_size(source.digest.as_str()).await?;
         if stored.is_none() {
             return Err(ApiError::BadRequest(format!(
@@ -131,11 +145,18 @@ pub async fn submit(
         .get(protocol::IDEMPOTENCY_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(|k| format!("{}:{k}", caller.token_id));
-    let id = app
-        .store
-        .insert_job(&req.spec, Some(caller.token_id), key.as_deref())
-        .await?;
-    Ok(Json(job_view(app.store.get_job(id).await?)))
+    let handed =
+        crate::handoff::submit_to_idle_poll(app, spec, caller.token_id, key.as_deref()).await?;
+    match handed {
+        Some(id) => Ok(id),
+        None => {
+            crate::placement::admit(app, spec).await?;
+            Ok(app
+                .store
+                .insert_job(spec, Some(caller.token_id), key.as_deref())
+                .await?)
+        }
+    }
 }
 
 /// Most jobs one batch may hold; larger sets are split by the client.

@@ -11,6 +11,8 @@
 //! - [`worker_channel`] — register, long poll, heartbeat, started, logs, outputs, complete.
 //! - [`placement`] — admission at submit, dry runs, why a pending job waits.
 //! - [`hub`] — one LISTEN connection per replica fanned out to waiting requests.
+//! - [`handoff`] — workers' idle held polls, handed a new job by a submit on the same replica
+//!   (a shortcut past the notification; what it assigns is in the database first).
 //! - [`sweeper`] — the leader election loop and the rescue of lost workers.
 //! - [`openapi`] — the generated OpenAPI document.
 
@@ -18,6 +20,7 @@ pub mod auth;
 pub mod blobs;
 pub mod calls;
 pub mod error;
+pub mod handoff;
 pub mod hub;
 pub mod jobs;
 pub mod openapi;

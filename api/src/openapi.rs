@@ -18,6 +18,7 @@ use utoipa::OpenApi;
         crate::jobs::cancel,
         crate::placement::dry_run,
         crate::calls::results,
+        crate::calls::call,
         crate::jobs::logs_page,
         crate::jobs::logs_ws,
         crate::jobs::download_outputs,

@@ -47,6 +47,8 @@ pub struct AppState {
     pub woken_claims: Arc<tokio::sync::Mutex<crate::worker_channel::WokenClaims>>,
     /// When this replica's claims last looked for a gang to start.
     pub gang_tries: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    /// Held polls of workers with room, which a submit here may hand its job to.
+    pub idle_polls: Arc<crate::handoff::IdlePolls>,
 }
 
 impl AppState {
@@ -61,6 +63,7 @@ impl AppState {
             worker_views: Arc::default(),
             woken_claims: Arc::default(),
             gang_tries: Arc::default(),
+            idle_polls: Arc::default(),
         }
     }
 }
@@ -76,6 +79,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/jobs/{id}", get(jobs::status))
         .route("/placement", post(crate::placement::dry_run))
+        .route("/calls", post(crate::calls::call))
         .route("/calls/results", post(crate::calls::results))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/logs", get(jobs::logs_page))

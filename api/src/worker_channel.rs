@@ -33,6 +33,9 @@ const MAX_POLL_WAIT: Duration = Duration::from_secs(25);
 /// A held poll re-checks the tables this often even without a notification.
 const POLL_SAFETY_RECHECK: Duration = Duration::from_secs(5);
 
+/// How long a poll a submit took waits for that submit's claim (one transaction).
+const HANDOFF_WAIT: Duration = Duration::from_secs(10);
+
 /// Most lines in one log batch; keeps one insert's arrays bounded.
 const MAX_LOG_BATCH: usize = 5000;
 
@@ -231,8 +234,8 @@ pub async fn poll(
     let mut rx = app.hub.subscribe_work();
     // A poll that reports is answered at once, never held: the worker waits for that answer
     // instead of dropping the poll for a newer one (which would wait on its locks, to record
-    // the same reports again).
-    let reports = !req.reports.is_empty();
+    // the same reports again). Unless nothing runs there any more: then no news can come.
+    let reports = !req.reports.is_empty() && !req.quiet;
     let (started, finished) = store_reports(req.reports);
     let (mut started, mut finished, mut reconcile) = (Some(started), Some(finished), req.reconcile);
     // Set once the poll was woken by new work: then it claims only in turn (see
@@ -240,72 +243,83 @@ pub async fn poll(
     // or by the periodic re-check, it claims at once.
     let mut woken_at: Option<Instant> = None;
     let mut lost: Vec<TaskLease> = Vec::new();
+    // What a submit claimed for this poll while it waited parked (see `handoff`).
+    let mut handed: Option<Vec<store::Claimed>> = None;
+    let parks = req.free_slots > 0 || (req.call_room > 0 && view.inventory.python.is_some());
     loop {
         // A worker drops a held poll when it has news (to send it sooner). Database work is
         // shielded from that cancellation: a query cut off half way makes sqlx throw its
         // connection away, and connections are expensive to replace.
-        let check = {
-            let (store, running, view, free, seq, turns) = (
-                app.store.clone(),
-                running.clone(),
-                view.clone(),
-                req.free_slots,
-                req.poll_seq,
-                app.woken_claims.clone(),
-            );
-            let call_room = req.call_room;
-            let gangs_due = gangs_due(&app);
-            // The reports and the reconciliation go with the first round only.
-            let (started, finished) = (
-                started.take().unwrap_or_default(),
-                finished.take().unwrap_or_default(),
-            );
-            let reconcile = std::mem::take(&mut reconcile);
-            async move {
-                let accelerators = view.inventory.runnable_accelerators();
-                let round = store::PollRound {
-                    worker_id: worker,
-                    seq,
-                    running: &running,
-                    finished: &finished,
-                    started: &started,
-                    reconcile,
-                    accelerators: &accelerators,
-                    free_slots: free,
-                    track_devices: !view.inventory.devices.is_empty(),
-                    call_room,
-                    call_python: view
-                        .inventory
-                        .python
-                        .as_deref()
-                        .and_then(domain::CallSpec::minor_of),
-                };
-                let placer = RoundPlacer {
-                    view: view.clone(),
-                    gangs_due,
-                };
-                // Nothing awaits delivery to a held poll (its first round delivered it, and
-                // older polls are fenced off), so once woken it only looks for new work.
-                let _turn = match woken_at {
-                    Some(at) if free > 0 => {
-                        match WokenClaims::take_turn(&turns, &store, at, &accelerators).await? {
-                            Some(turn) => Some(turn),
-                            None => {
-                                let stop = store.stop_orders(worker, &running).await?;
-                                return Ok(store::RoundOutcome {
-                                    lost: vec![],
-                                    stop,
-                                    claimed: Some(vec![]),
-                                });
+        let outcome = match handed.take() {
+            // A submit on this replica claimed for this poll while it waited.
+            Some(claimed) => store::RoundOutcome {
+                lost: vec![],
+                stop: vec![],
+                claimed: Some(claimed),
+            },
+            None => {
+                let check = {
+                    let (store, running, view, free, seq, turns) = (
+                        app.store.clone(),
+                        running.clone(),
+                        view.clone(),
+                        req.free_slots,
+                        req.poll_seq,
+                        app.woken_claims.clone(),
+                    );
+                    let call_room = req.call_room;
+                    let gangs_due = gangs_due(&app);
+                    // The reports and the reconciliation go with the first round only.
+                    let (started, finished) = (
+                        started.take().unwrap_or_default(),
+                        finished.take().unwrap_or_default(),
+                    );
+                    let reconcile = std::mem::take(&mut reconcile);
+                    async move {
+                        let accelerators = view.inventory.runnable_accelerators();
+                        let round = store::PollRound {
+                            worker_id: worker,
+                            seq,
+                            running: &running,
+                            finished: &finished,
+                            started: &started,
+                            reconcile,
+                            accelerators: &accelerators,
+                            free_slots: free,
+                            track_devices: !view.inventory.devices.is_empty(),
+                            call_room,
+                            call_python: view.inventory.call_python(),
+                        };
+                        let placer = RoundPlacer {
+                            view: view.clone(),
+                            gangs_due,
+                        };
+                        // Nothing awaits delivery to a held poll (its first round delivered it, and
+                        // older polls are fenced off), so once woken it only looks for new work.
+                        let _turn = match woken_at {
+                            Some(at) if free > 0 => {
+                                match WokenClaims::take_turn(&turns, &store, at, &accelerators)
+                                    .await?
+                                {
+                                    Some(turn) => Some(turn),
+                                    None => {
+                                        let stop = store.stop_orders(worker, &running).await?;
+                                        return Ok(store::RoundOutcome {
+                                            lost: vec![],
+                                            stop,
+                                            claimed: Some(vec![]),
+                                        });
+                                    }
+                                }
                             }
-                        }
+                            _ => None,
+                        };
+                        store.poll_round(&round, placer).await
                     }
-                    _ => None,
                 };
-                store.poll_round(&round, placer).await
+                shielded(check).await?
             }
         };
-        let outcome = shielded(check).await?;
         lost.extend(outcome.lost.into_iter().map(|(task, attempt)| TaskLease {
             task: TaskId(task),
             attempt: Attempt(attempt),
@@ -347,10 +361,46 @@ pub async fn poll(
             Wakeup::Pushed(workers) => workers.contains(&worker),
             _ => false,
         };
+        // Parked while it waits, so that a submit to this replica can claim for it at once.
+        let (deliver, mut delivery) = tokio::sync::oneshot::channel();
+        let parked = parks.then(|| {
+            app.idle_polls.park(
+                worker,
+                crate::handoff::IdlePoll {
+                    seq: req.poll_seq,
+                    view: view.clone(),
+                    running: running.clone(),
+                    free_slots: req.free_slots,
+                    call_room: req.call_room,
+                    deliver,
+                },
+            )
+        });
         let woken = tokio::select! {
             w = crate::hub::wait_for(&mut rx, relevant) => Some(w),
             _ = tokio::time::sleep_until(deadline.min(Instant::now() + POLL_SAFETY_RECHECK)) => None,
+            d = &mut delivery, if parked.is_some() => {
+                // The claim is in the database; None or a failed submit: what it may have
+                // assigned is handed out by the next round.
+                match d {
+                    Ok(Some(claimed)) => handed = Some(claimed),
+                    _ => reconcile = true,
+                }
+                woken_at = None;
+                continue;
+            }
         };
+        if let Some(parked) = parked
+            && !parked.leave()
+        {
+            // A submit took this poll just now: its claim is on the way.
+            match tokio::time::timeout(HANDOFF_WAIT, delivery).await {
+                Ok(Ok(Some(claimed))) => handed = Some(claimed),
+                _ => reconcile = true,
+            }
+            woken_at = None;
+            continue;
+        }
         woken_at = match woken {
             Some(Wakeup::Notified { .. }) => Some(Instant::now()),
             _ => None,
@@ -380,9 +430,9 @@ fn gangs_due(app: &AppState) -> bool {
 
 /// The scheduler, as one poll's claim asks it: about candidates for the claiming worker, and
 /// about a gang on the whole fleet.
-struct RoundPlacer {
-    view: scheduler::WorkerView,
-    gangs_due: bool,
+pub(crate) struct RoundPlacer {
+    pub(crate) view: scheduler::WorkerView,
+    pub(crate) gangs_due: bool,
 }
 
 impl store::Placer for RoundPlacer {

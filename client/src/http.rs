@@ -259,6 +259,23 @@ impl Client {
         self.json(resp).await
     }
 
+    /// Submits one remote call and waits up to `req.wait_ms` for its result;
+    /// `idempotency_key` makes retries safe.
+    pub async fn call(
+        &self,
+        req: &protocol::calls::CallRequest,
+        idempotency_key: &str,
+    ) -> Result<protocol::calls::CallAnswer, ClientError> {
+        let resp = self
+            .send(true, || {
+                self.request(Method::POST, "/v1/calls")
+                    .header(protocol::IDEMPOTENCY_HEADER, idempotency_key)
+                    .json(req)
+            })
+            .await?;
+        self.json(resp).await
+    }
+
     /// The finished calls among `req.jobs`, waiting up to `req.wait_ms` for one to finish.
     pub async fn call_results(
         &self,

@@ -146,6 +146,12 @@ impl Inventory {
             .find_map(|f| f.version.as_deref())
     }
 
+    /// The `major.minor` of the interpreter remote calls run with here (what a call's
+    /// `python` must equal), if the worker probed one.
+    pub fn call_python(&self) -> Option<&str> {
+        self.python.as_deref().and_then(crate::CallSpec::minor_of)
+    }
+
     /// The accelerator kinds whose jobs this worker could run at all.
     pub fn runnable_accelerators(&self) -> Vec<Accelerator> {
         Accelerator::ALL

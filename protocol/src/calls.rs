@@ -18,6 +18,25 @@ pub struct CallResultsRequest {
     pub wait_ms: u64,
 }
 
+/// `POST /v1/calls` body: one remote call to submit, and how long to wait for its result
+/// (at most `MAX_RESULTS_WAIT_MS`) before answering with the job alone. Sends as
+/// `Idempotency-Key` what a submit does.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CallRequest {
+    #[schema(value_type = Object)]
+    pub spec: domain::JobSpec,
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// The answer to `POST /v1/calls`: the call's job, with its result if it finished in time
+/// (else ask `POST /v1/calls/results`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CallAnswer {
+    pub job: i64,
+    pub result: Option<CallResult>,
+}
+
 /// The calls among those asked about that have finished.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CallResults {

@@ -74,6 +74,11 @@ pub struct PollRequest {
     /// Starts and ends of tasks not yet acknowledged by an answered poll.
     #[serde(default)]
     pub reports: TaskReports,
+    /// Nothing runs on the worker any more, so no news can come that this poll would delay:
+    /// the server may hold it (for new work) after recording its reports, which spares the
+    /// worker a second poll and the server a second round.
+    #[serde(default)]
+    pub quiet: bool,
 }
 
 /// What happened to a worker's tasks, told in the next poll.

@@ -180,6 +180,21 @@ impl NativeClient {
         })
     }
 
+    /// Submits one remote call (JobSpec JSON with `call`) and waits up to `wait_ms` for its
+    /// result (CallAnswer JSON: the job, and the result if it finished in time).
+    fn call(&self, py: Python<'_>, spec: String, wait_ms: u64) -> PyResult<String> {
+        let client = self.inner.clone();
+        block_on(py, async move {
+            let spec: domain::JobSpec = serde_json::from_str(&spec)?;
+            let key = uuid::Uuid::new_v4().to_string();
+            json(
+                &client
+                    .call(&protocol::calls::CallRequest { spec, wait_ms }, &key)
+                    .await?,
+            )
+        })
+    }
+
     /// One job (JobView JSON).
     fn job(&self, py: Python<'_>, id: i64) -> PyResult<String> {
         let client = self.inner.clone();

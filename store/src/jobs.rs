@@ -140,9 +140,16 @@ impl Store {
         let mut ids = Vec::with_capacity(specs.len());
         for start in (0..specs.len()).step_by(INSERT_CHUNK) {
             let end = (start + INSERT_CHUNK).min(specs.len());
+            let mut conn = self.pool().acquire().await?;
             ids.extend(
-                self.insert_chunk(&specs[start..end], submitted_by, &keys[start..end])
-                    .await?,
+                insert_chunk_in(
+                    &mut conn,
+                    &specs[start..end],
+                    submitted_by,
+                    &keys[start..end],
+                    true,
+                )
+                .await?,
             );
         }
         Ok(ids)
@@ -166,89 +173,6 @@ impl Store {
             Some((key, existing)) => Err(key_conflict(&key, existing)),
             None => Ok(()),
         }
-    }
-
-    /// One statement's worth of `insert_jobs`: the jobs, their tasks and events, the wake-up.
-    /// A job whose key conflicts is not inserted by it.
-    async fn insert_chunk(
-        &self,
-        specs: &[JobSpec],
-        submitted_by: Option<i64>,
-        keys: &[Option<String>],
-    ) -> Result<Vec<i64>> {
-        let names: Vec<Option<&str>> = specs
-            .iter()
-            .map(|s| s.name.as_ref().map(|n| n.as_str()))
-            .collect();
-        let json: Vec<sqlx::types::Json<&JobSpec>> = specs.iter().map(sqlx::types::Json).collect();
-        let accelerators: Vec<&str> = specs.iter().map(|s| s.accelerator.as_str()).collect();
-        let priorities: Vec<i32> = specs.iter().map(|s| s.priority).collect();
-        let attempts: Vec<i32> = specs.iter().map(|s| s.max_attempts() as i32).collect();
-        let retry: Vec<bool> = specs.iter().map(|s| s.retry_failed).collect();
-        let plain: Vec<bool> = specs.iter().map(JobSpec::is_plain).collect();
-        let nodes: Vec<i32> = specs.iter().map(|s| s.layout.nodes as i32).collect();
-        let call_python: Vec<Option<&str>> = specs.iter().map(JobSpec::queueable_call).collect();
-        let rows: Vec<(i64, bool)> = sqlx::query_as(
-            "WITH input AS MATERIALIZED (
-                 SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id, i.*
-                 FROM unnest($1::text[], $2::jsonb[], $3::text[], $5::text[], $6::int[], $7::int[], $8::bool[], $10::bool[], $11::int[], $12::text[])
-                      WITH ORDINALITY AS i(name, spec, accelerator, key, priority, max_attempts, retry_failed, plain, nodes, call_python, n)
-             ),
-             j AS (
-                 INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key, priority)
-                 SELECT id, name, spec, accelerator, 'pending', $4, key, priority FROM input
-                 ON CONFLICT (idempotency_key) DO NOTHING
-                 RETURNING id
-             ),
-             -- A task per node, node i's with task_index i.
-             t AS (
-                 INSERT INTO tasks (job_id, task_index, state, accelerator, max_attempts, retry_failed, priority,
-                                    plain, gang_size, call_python)
-                 SELECT input.id, node.i, 'pending', input.accelerator, input.max_attempts, input.retry_failed,
-                        input.priority, input.plain, input.nodes, input.call_python
-                 FROM input JOIN j ON j.id = input.id
-                      CROSS JOIN LATERAL generate_series(0, input.nodes - 1) AS node(i)
-             ),
-             e AS (INSERT INTO events (job_id, kind) SELECT id, 'submitted' FROM j)
-             -- One wake-up however many jobs: PostgreSQL folds identical notifications.
-             SELECT input.id, woken.id IS NOT NULL AS inserted
-             FROM input LEFT JOIN (SELECT j.id FROM j, pg_notify($9, '')) AS woken ON woken.id = input.id
-             ORDER BY input.n",
-        )
-        .bind(&names)
-        .bind(&json)
-        .bind(&accelerators)
-        .bind(submitted_by)
-        .bind(keys)
-        .bind(&priorities)
-        .bind(&attempts)
-        .bind(&retry)
-        .bind(Channel::Work.name())
-        .bind(&plain)
-        .bind(&nodes)
-        .bind(&call_python)
-        .fetch_all(self.pool())
-        .await?;
-        let mut ids = Vec::with_capacity(rows.len());
-        // A job whose key was used before: the earlier job stands, if it is the same job.
-        for (i, (id, inserted)) in rows.into_iter().enumerate() {
-            if inserted {
-                ids.push(id);
-                continue;
-            }
-            let key = keys[i].as_deref().unwrap_or_default();
-            let (existing, same): (i64, bool) =
-                sqlx::query_as("SELECT id, spec = $2 FROM jobs WHERE idempotency_key = $1")
-                    .bind(key)
-                    .bind(sqlx::types::Json(&specs[i]))
-                    .fetch_one(self.pool())
-                    .await?;
-            if !same {
-                return Err(key_conflict(key, existing));
-            }
-            ids.push(existing);
-        }
-        Ok(ids)
     }
 
     /// Where a gang's latest attempt was placed and why (its latest `placed` event).
@@ -392,4 +316,90 @@ impl Store {
         .await?;
         Ok(keys.into_iter().flatten().collect())
     }
+}
+
+/// One statement's worth of `insert_jobs`: the jobs, their tasks and events, and (with
+/// `wake`) the wake-up. A job whose key conflicts is not inserted by it.
+pub(crate) async fn insert_chunk_in(
+    conn: &mut sqlx::PgConnection,
+    specs: &[JobSpec],
+    submitted_by: Option<i64>,
+    keys: &[Option<String>],
+    wake: bool,
+) -> Result<Vec<i64>> {
+    let names: Vec<Option<&str>> = specs
+        .iter()
+        .map(|s| s.name.as_ref().map(|n| n.as_str()))
+        .collect();
+    let json: Vec<sqlx::types::Json<&JobSpec>> = specs.iter().map(sqlx::types::Json).collect();
+    let accelerators: Vec<&str> = specs.iter().map(|s| s.accelerator.as_str()).collect();
+    let priorities: Vec<i32> = specs.iter().map(|s| s.priority).collect();
+    let attempts: Vec<i32> = specs.iter().map(|s| s.max_attempts() as i32).collect();
+    let retry: Vec<bool> = specs.iter().map(|s| s.retry_failed).collect();
+    let plain: Vec<bool> = specs.iter().map(JobSpec::is_plain).collect();
+    let nodes: Vec<i32> = specs.iter().map(|s| s.layout.nodes as i32).collect();
+    let call_python: Vec<Option<&str>> = specs.iter().map(JobSpec::queueable_call).collect();
+    let rows: Vec<(i64, bool)> = sqlx::query_as(
+        "WITH input AS MATERIALIZED (
+             SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id, i.*
+             FROM unnest($1::text[], $2::jsonb[], $3::text[], $5::text[], $6::int[], $7::int[], $8::bool[], $10::bool[], $11::int[], $12::text[])
+                  WITH ORDINALITY AS i(name, spec, accelerator, key, priority, max_attempts, retry_failed, plain, nodes, call_python, n)
+         ),
+         j AS (
+             INSERT INTO jobs (id, name, spec, accelerator, state, submitted_by, idempotency_key, priority)
+             SELECT id, name, spec, accelerator, 'pending', $4, key, priority FROM input
+             ON CONFLICT (idempotency_key) DO NOTHING
+             RETURNING id
+         ),
+         -- A task per node, node i's with task_index i.
+         t AS (
+             INSERT INTO tasks (job_id, task_index, state, accelerator, max_attempts, retry_failed, priority,
+                                plain, gang_size, call_python)
+             SELECT input.id, node.i, 'pending', input.accelerator, input.max_attempts, input.retry_failed,
+                    input.priority, input.plain, input.nodes, input.call_python
+             FROM input JOIN j ON j.id = input.id
+                  CROSS JOIN LATERAL generate_series(0, input.nodes - 1) AS node(i)
+         ),
+         e AS (INSERT INTO events (job_id, kind) SELECT id, 'submitted' FROM j)
+         -- One wake-up however many jobs: PostgreSQL folds identical notifications.
+         SELECT input.id, woken.id IS NOT NULL AS inserted
+         FROM input LEFT JOIN (SELECT j.id FROM j, (SELECT CASE WHEN $13 THEN pg_notify($9, '')::text END) AS n) AS woken
+              ON woken.id = input.id
+         ORDER BY input.n",
+    )
+    .bind(&names)
+    .bind(&json)
+    .bind(&accelerators)
+    .bind(submitted_by)
+    .bind(keys)
+    .bind(&priorities)
+    .bind(&attempts)
+    .bind(&retry)
+    .bind(Channel::Work.name())
+    .bind(&plain)
+    .bind(&nodes)
+    .bind(&call_python)
+    .bind(wake)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    // A job whose key was used before: the earlier job stands, if it is the same job.
+    for (i, (id, inserted)) in rows.into_iter().enumerate() {
+        if inserted {
+            ids.push(id);
+            continue;
+        }
+        let key = keys[i].as_deref().unwrap_or_default();
+        let (existing, same): (i64, bool) =
+            sqlx::query_as("SELECT id, spec = $2 FROM jobs WHERE idempotency_key = $1")
+                .bind(key)
+                .bind(sqlx::types::Json(&specs[i]))
+                .fetch_one(&mut *conn)
+                .await?;
+        if !same {
+            return Err(key_conflict(key, existing));
+        }
+        ids.push(existing);
+    }
+    Ok(ids)
 }

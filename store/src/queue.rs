@@ -270,6 +270,25 @@ impl Store {
         .await?)
     }
 
+    /// Whether a claim by `worker_id` could take anything: a task of these kinds waits, or
+    /// gang nodes were pushed to the worker, or a gang keeps it.
+    pub async fn anything_to_claim(
+        &self,
+        worker_id: i64,
+        accelerators: &[Accelerator],
+    ) -> Result<bool> {
+        let kinds: Vec<&str> = accelerators.iter().map(|a| a.as_str()).collect();
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'pending' AND accelerator = ANY($2))
+                 OR EXISTS (SELECT 1 FROM worker_heartbeats
+                            WHERE worker_id = $1 AND (pushed OR reserved_for IS NOT NULL))",
+        )
+        .bind(worker_id)
+        .bind(&kinds)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
     /// The plans of the hot statements as a poll runs them (its transaction's settings, with
     /// sample arguments), by name, for tests that pin them. Changes nothing.
     #[doc(hidden)]

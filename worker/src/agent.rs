@@ -265,11 +265,13 @@ pub async fn run(
                 reconcile,
                 poll_seq,
                 reports,
+                quiet: tasks.busy() == 0,
             };
             // A poll that carries reports is answered at once: wait for it. One that does not
-            // may be held; with something to tell, replace it (dropping a poll loses nothing,
-            // see `PollRequest`), unless it answers first.
-            let carries_reports = !request.reports.is_empty();
+            // may be held (so may one sent with nothing running); with something to tell,
+            // replace it (dropping a poll loses nothing, see `PollRequest`: what it reported
+            // goes again), unless it answers first.
+            let carries_reports = !request.reports.is_empty() && !request.quiet;
             let answer = tokio::select! {
                 biased;
                 r = client.poll(worker, &request) => Some(r),
@@ -528,6 +530,7 @@ async fn shut_down(client: &Client, worker: i64, tasks: &Tasks, poll_seq: u64) {
             reconcile: false,
             poll_seq: poll_seq + 1,
             reports,
+            quiet: false,
         };
         if let Err(e) = client.poll(worker, &last).await {
             tracing::warn!(error = %e, "could not report the last task ends");

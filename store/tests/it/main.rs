@@ -2,4 +2,5 @@
 
 mod calls;
 mod gangs;
+mod handoff;
 mod queue;
