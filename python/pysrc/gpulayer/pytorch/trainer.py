@@ -1,0 +1,615 @@
+"""The Trainer: checks everything it is given before the first step, then runs a lean step
+loop — no host-device sync per step (losses add up on the device and are read every
+``log_every_n_steps``), callbacks called only for the hooks they define, autocast with a
+GradScaler for fp16 (bf16 needs none), cuDNN autotune on CUDA — with checkpoints that resume
+exactly where a run stopped, bit for bit (the data order of the interrupted epoch included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from gpulayer.errors import BadInput
+from gpulayer.pytorch import ranks as _ranks
+
+#: Lightning's precision names, and the autocast dtype each means (None: full precision).
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
+
+#: The callback hooks the Trainer calls, with Lightning's signatures.
+HOOKS = (
+    "on_train_start",  # (trainer, module)
+    "on_train_batch_end",  # (trainer, module, outputs, batch, batch_idx)
+    "on_validation_end",  # (trainer, module)
+    "on_save_checkpoint",  # (trainer, module, checkpoint)
+    "on_train_end",  # (trainer, module)
+)
+
+#: What a checkpoint of this Trainer says it is (and which format).
+CHECKPOINT_FORMAT = "gpulayer.pytorch/1"
+
+
+class TrainerError(BadInput):
+    """The Trainer was given something it cannot run with; nothing has started."""
+
+
+class Callback:
+    """Base class for callbacks (any object with some of the hook methods works too)."""
+
+    def on_train_start(self, trainer: "Trainer", module: Any) -> None: ...
+
+    def on_train_batch_end(
+        self, trainer: "Trainer", module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_validation_end(self, trainer: "Trainer", module: Any) -> None: ...
+
+    def on_save_checkpoint(self, trainer: "Trainer", module: Any, checkpoint: Dict[str, Any]) -> None: ...
+
+    def on_train_end(self, trainer: "Trainer", module: Any) -> None: ...
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise TrainerError(
+            "gpulayer.pytorch needs torch: install the build for this machine (https://pytorch.org)"
+        ) from None
+    return torch
+
+
+def _defines(callback: Any, hook: str) -> bool:
+    """Whether `callback` does something on `hook` (a Callback's inherited no-op does not)."""
+    method = getattr(type(callback), hook, None)
+    return callable(method) and method is not getattr(Callback, hook, None)
+
+
+class Trainer:
+    """Fits a module shaped like a LightningModule.
+
+    accelerator: "cpu", "cuda", "mps" or "auto" (CUDA, then MPS, then CPU).
+    devices: how many devices; more than 1 runs DDP, one process per device (the first
+        process starts the others by running the same script again).
+    precision: "32-true", "16-mixed" or "bf16-mixed".
+    max_steps / max_epochs: when to stop (either; without both, one epoch).
+    callbacks: objects with any of ``HOOKS``.
+    checkpoint_dir: where checkpoints go (default: ``$GPULAYER_OUTPUT_DIR/checkpoints`` in a
+        GPUlayer job, so they come back with ``gpulayer download``; else none): one per epoch
+        (``epoch=E-step=S.ckpt``) and ``last.ckpt`` when fitting ends.
+    log_every_n_steps: how often the summed losses are read from the device.
+    """
+
+    def __init__(
+        self,
+        accelerator: str = "auto",
+        devices: Any = 1,
+        num_nodes: int = 1,
+        precision: str = "32-true",
+        max_steps: Optional[int] = None,
+        max_epochs: Optional[int] = None,
+        callbacks: Optional[Sequence[Any]] = None,
+        checkpoint_dir: Optional[str] = None,
+        target: str = "local",
+        log_every_n_steps: int = 50,
+    ) -> None:
+        if str(precision) not in PRECISIONS:
+            raise TrainerError(
+                f"unknown precision {precision!r}: use one of {', '.join(map(repr, PRECISIONS))}"
+            )
+        if accelerator not in ("cpu", "cuda", "mps", "auto"):
+            raise TrainerError(f"unknown accelerator {accelerator!r}: use 'cpu', 'cuda', 'mps' or 'auto'")
+        if target not in ("local", "remote"):
+            raise TrainerError(f"unknown target {target!r}: use 'local' or 'remote'")
+        for name, value in (("max_steps", max_steps), ("max_epochs", max_epochs)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise TrainerError(f"{name} must be a positive whole number, not {value!r}")
+        if not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
+            raise TrainerError(f"log_every_n_steps must be a positive whole number, not {log_every_n_steps!r}")
+        self.precision = str(precision)
+        self.max_steps = max_steps
+        self.max_epochs = max_epochs if max_epochs is not None or max_steps is not None else 1
+        self.callbacks: List[Any] = list(callbacks or [])
+        if checkpoint_dir is None and os.environ.get("GPULAYER_OUTPUT_DIR"):
+            checkpoint_dir = os.path.join(os.environ["GPULAYER_OUTPUT_DIR"], "checkpoints")
+        self.checkpoint_dir = checkpoint_dir
+        self.log_every_n_steps = log_every_n_steps
+        self.device = self._choose_device(accelerator, devices, num_nodes, target)
+        self.devices = 1 if devices == "auto" else int(devices)
+        #: This process's rank and how many there are (0 and 1 in-process).
+        self.global_rank = 0
+        self.world_size = 1
+        self.global_step = 0
+        self.current_epoch = 0
+        self.should_stop = False
+        #: Metrics as last read from the device: ``train_loss`` (mean since the last read),
+        #: what the module logged with ``self.log``, and validation means.
+        self.callback_metrics: Dict[str, float] = {}
+        self._hooks: Dict[str, List[Callable[..., Any]]] = {
+            hook: [getattr(cb, hook) for cb in self.callbacks if _defines(cb, hook)] for hook in HOOKS
+        }
+
+    # -- set-up --------------------------------------------------------------------------
+
+    @staticmethod
+    def _choose_device(accelerator: str, devices: Any, num_nodes: int, target: str) -> Any:
+        torch = _torch()
+        if accelerator == "auto":
+            if torch.cuda.is_available():
+                accelerator = "cuda"
+            elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+                accelerator = "mps"
+            else:
+                accelerator = "cpu"
+        if accelerator == "cuda":
+            available = torch.cuda.device_count()
+        elif accelerator == "mps":
+            available = 1 if torch.backends.mps.is_available() else 0
+        else:
+            available = os.cpu_count() or 1
+        if available == 0:
+            raise TrainerError(f"accelerator={accelerator!r}, but this machine has no {accelerator} device")
+        if devices == "auto":
+            devices = 1
+        if not isinstance(devices, int) or devices < 1:
+            raise TrainerError(f"devices must be a positive whole number or 'auto', not {devices!r}")
+        if devices > available:
+            unit = "CPU cores" if accelerator == "cpu" else f"{accelerator} devices"
+            raise TrainerError(f"devices={devices}, but this machine has {available} {unit}")
+        if num_nodes != 1 or target != "local":
+            raise TrainerError(
+                "this release of gpulayer.pytorch trains on one machine: num_nodes=1, "
+                "target='local' (runs across nodes come next)"
+            )
+        return torch.device(accelerator)
+
+    @staticmethod
+    def _check_module(module: Any) -> None:
+        missing = [m for m in ("training_step", "configure_optimizers") if not callable(getattr(module, m, None))]
+        if missing:
+            raise TrainerError(
+                f"{type(module).__name__} has no {' or '.join(missing)}: a module needs "
+                "training_step(batch, batch_idx) and configure_optimizers()"
+            )
+
+    @staticmethod
+    def _optimizers(configured: Any) -> Tuple[Any, List[Tuple[Any, str, int]]]:
+        """configure_optimizers()'s answer in Lightning's shapes: the optimizer and its
+        schedulers as (scheduler, interval, frequency)."""
+        torch = _torch()
+        optimizers: List[Any] = []
+        schedulers: List[Tuple[Any, str, int]] = []
+
+        def scheduler(s: Any) -> None:
+            if isinstance(s, dict):
+                schedulers.append((s["scheduler"], s.get("interval", "epoch"), int(s.get("frequency", 1))))
+            else:
+                schedulers.append((s, "epoch", 1))
+
+        if isinstance(configured, torch.optim.Optimizer):
+            optimizers = [configured]
+        elif isinstance(configured, dict):
+            optimizers = [configured["optimizer"]]
+            if configured.get("lr_scheduler") is not None:
+                scheduler(configured["lr_scheduler"])
+        elif isinstance(configured, (list, tuple)) and len(configured) == 2 and all(
+            isinstance(x, (list, tuple)) for x in configured
+        ):
+            optimizers = list(configured[0])
+            for s in configured[1]:
+                scheduler(s)
+        elif isinstance(configured, (list, tuple)):
+            optimizers = list(configured)
+        if len(optimizers) != 1 or not isinstance(optimizers[0], torch.optim.Optimizer):
+            raise TrainerError(
+                "configure_optimizers() must return one optimizer (alone, in a list, as "
+                "{'optimizer': ..., 'lr_scheduler': ...} or as ([optimizer], [schedulers])); "
+                f"got {type(configured).__name__} with {len(optimizers)} optimizer(s)"
+            )
+        return optimizers[0], schedulers
+
+    def _load_checkpoint(self, path: str, module: Any) -> Dict[str, Any]:
+        torch = _torch()
+        if not os.path.isfile(path):
+            raise TrainerError(f"no checkpoint at {path}")
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
+            raise TrainerError(f"{path} is not a checkpoint torch can read: {e}") from None
+        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+            raise TrainerError(f"{path} is not a gpulayer.pytorch checkpoint (no state_dict)")
+        mine = module.state_dict()
+        theirs = checkpoint["state_dict"]
+        missing = sorted(set(mine) - set(theirs))
+        unexpected = sorted(set(theirs) - set(mine))
+        reshaped = [
+            f"{k} {tuple(theirs[k].shape)} here {tuple(mine[k].shape)}"
+            for k in mine
+            if k in theirs and hasattr(theirs[k], "shape") and tuple(theirs[k].shape) != tuple(mine[k].shape)
+        ]
+        if missing or unexpected or reshaped:
+            parts = []
+            if missing:
+                parts.append(f"missing {', '.join(missing[:5])}")
+            if unexpected:
+                parts.append(f"unexpected {', '.join(unexpected[:5])}")
+            if reshaped:
+                parts.append(f"shapes differ: {'; '.join(reshaped[:5])}")
+            raise TrainerError(
+                f"{path} is a checkpoint of a different model than {type(module).__name__}: {'; '.join(parts)}"
+            )
+        if checkpoint.get("format") != CHECKPOINT_FORMAT:
+            raise TrainerError(
+                f"{path} was not written by gpulayer.pytorch's Trainer ({CHECKPOINT_FORMAT}): "
+                "load its weights with module.load_state_dict() and fit without ckpt_path"
+            )
+        return checkpoint
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def fit(
+        self,
+        module: Any,
+        train_data: Iterable[Any],
+        val_data: Optional[Iterable[Any]] = None,
+        ckpt_path: Optional[str] = None,
+    ) -> None:
+        """Trains `module` on `train_data` (any iterable of batches; a DataLoader usually),
+        validating on `val_data` after each epoch when the module has ``validation_step``;
+        from the checkpoint `ckpt_path` when given (weights, optimizer, schedulers, scaler,
+        counters and random state: the run goes on as if never interrupted)."""
+        torch = _torch()
+        self._check_module(module)
+        if not hasattr(train_data, "__iter__"):
+            raise TrainerError(f"train_data must be iterable (a DataLoader), not {type(train_data).__name__}")
+        if ckpt_path and self.devices > 1:
+            raise TrainerError("resuming a multi-process run (devices > 1) is not supported yet")
+        checkpoint = self._load_checkpoint(ckpt_path, module) if ckpt_path else None
+        ranks = None
+        if self.devices > 1:
+            try:
+                ranks = _ranks.start(self.devices)
+            except RuntimeError as e:
+                raise TrainerError(str(e)) from None
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", ranks.local_rank)
+                torch.cuda.set_device(self.device)
+            _ranks.join_group(ranks, self.device)
+            self.global_rank, self.world_size = ranks.rank, ranks.world
+            train_data = _shard(train_data, ranks)
+            if val_data is not None:
+                val_data = _shard(val_data, ranks)
+        try:
+            self._fit(module, train_data, val_data, checkpoint)
+        finally:
+            if ranks is not None:
+                import torch.distributed as dist
+
+                dist.destroy_process_group()
+        if ranks is not None and ranks.is_first:
+            failed = ranks.wait_for_the_others()
+            if failed:
+                raise RuntimeError(f"the run's other ranks failed: {failed}")
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    def _fit(self, module: Any, train_data: Iterable[Any], val_data: Optional[Iterable[Any]],
+             checkpoint: Optional[Dict[str, Any]]) -> None:
+        torch = _torch()
+        device = self.device
+        module.to(device)
+        if not hasattr(module, "log"):
+            module.log = self._log  # what a LightningModule calls; plain modules get ours
+        try:
+            module.trainer = self
+        except (AttributeError, TypeError):
+            pass
+        optimizer, schedulers = self._optimizers(module.configure_optimizers())
+        autocast_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(self.precision)
+        scaler = torch.amp.GradScaler(device.type) if self.precision == "16-mixed" else None
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+        self._logged: Dict[str, Any] = {}
+        self._loss_sum = torch.zeros((), device=device)
+        self._loss_n = 0
+        batches_done = 0
+        epoch_rng = None
+        if checkpoint is not None:
+            module.load_state_dict(checkpoint["state_dict"])
+            optimizer.load_state_dict(checkpoint["optimizer_states"][0])
+            for (s, _, _), state in zip(schedulers, checkpoint.get("lr_schedulers", [])):
+                s.load_state_dict(state)
+            if scaler is not None and checkpoint.get("scaler"):
+                scaler.load_state_dict(checkpoint["scaler"])
+            self.global_step = checkpoint["global_step"]
+            self.current_epoch = checkpoint["epoch"]
+            batches_done = checkpoint.get("batches_done", 0)
+            epoch_rng = checkpoint.get("epoch_rng")
+
+        def autocast() -> Any:
+            if autocast_dtype is None:
+                return contextlib.nullcontext()
+            return torch.autocast(device.type, dtype=autocast_dtype)
+
+        self._epoch_rng: Optional[Dict[str, Any]] = None
+        self._batches_done = 0
+
+        # Under DDP the steps go through the wrapper's forward, which is what prepares the
+        # gradients' all-reduce (in buckets, written straight into the gradients).
+        step = module.training_step
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            wrapped = DistributedDataParallel(
+                _wrap_steps(module),
+                device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True,
+            )
+            step = wrapped
+        self._fire("on_train_start", module)
+        module.train()
+        while not self._finished():
+            # The epoch's data order comes from the random state at its start: a run resumed
+            # mid-epoch starts from that state again and skips what the interrupted run did,
+            # then goes on from the state it stopped with.
+            skipped = 0
+            if checkpoint is not None and batches_done > 0 and epoch_rng is not None:
+                _set_rng(epoch_rng)
+                self._epoch_rng = epoch_rng
+                batches = iter(train_data)
+                for _ in range(batches_done):
+                    next(batches)
+                skipped = batches_done
+                _set_rng(checkpoint["rng"])
+            else:
+                if checkpoint is not None:
+                    _set_rng(checkpoint["rng"])
+                self._epoch_rng = _rng_state()
+                sampler = getattr(train_data, "sampler", None)
+                if hasattr(sampler, "set_epoch"):
+                    sampler.set_epoch(self.current_epoch)
+                batches = iter(train_data)
+            checkpoint = None
+            self._batches_done = skipped
+            for batch_idx, batch in enumerate(batches, start=skipped):
+                batch = _to_device(batch, device)
+                with autocast():
+                    outputs = step(batch, batch_idx)
+                loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+                if not isinstance(loss, torch.Tensor):
+                    raise TrainerError(
+                        f"training_step returned {type(outputs).__name__}: return the loss tensor or a dict with 'loss'"
+                    )
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                self.global_step += 1
+                self._batches_done = batch_idx + 1
+                for s, interval, every in schedulers:
+                    if interval == "step" and self.global_step % every == 0:
+                        s.step()
+                self._loss_sum += loss.detach()
+                self._loss_n += 1
+                if self.global_step % self.log_every_n_steps == 0:
+                    self._read_metrics()
+                for hook in self._hooks["on_train_batch_end"]:
+                    hook(self, module, outputs, batch, batch_idx)
+                if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+                    break
+            else:
+                self._end_epoch(module, schedulers, val_data, optimizer, scaler)
+                batches_done = 0
+                continue
+            break
+        self._read_metrics()
+        self._save(module, optimizer, schedulers, scaler, "last.ckpt")
+        self._fire("on_train_end", module)
+
+    def _finished(self) -> bool:
+        if self.should_stop:
+            return True
+        if self.max_steps is not None and self.global_step >= self.max_steps:
+            return True
+        return self.max_epochs is not None and self.current_epoch >= self.max_epochs
+
+    def _end_epoch(self, module: Any, schedulers: List[Tuple[Any, str, int]], val_data: Any,
+                   optimizer: Any, scaler: Any) -> None:
+        for s, interval, every in schedulers:
+            if interval == "epoch" and (self.current_epoch + 1) % every == 0:
+                s.step()
+        if val_data is not None and callable(getattr(module, "validation_step", None)):
+            self._validate(module, val_data)
+        self.current_epoch += 1
+        self._batches_done = 0
+        self._save(module, optimizer, schedulers, scaler,
+                   f"epoch={self.current_epoch - 1}-step={self.global_step}.ckpt")
+
+    def _validate(self, module: Any, val_data: Iterable[Any]) -> None:
+        torch = _torch()
+        module.eval()
+        sums: Dict[str, Any] = {}
+        n = 0
+        with torch.no_grad():
+            for batch_idx, batch in enumerate(val_data):
+                out = module.validation_step(_to_device(batch, self.device), batch_idx)
+                n += 1
+                values = out if isinstance(out, dict) else ({"val_loss": out} if out is not None else {})
+                for k, v in values.items():
+                    if isinstance(v, torch.Tensor):
+                        sums[k] = sums.get(k, 0) + v.detach().float()
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            keys = sorted(sums)
+            total = torch.stack([torch.as_tensor(sums[k], device=self.device) for k in keys]
+                                + [torch.tensor(float(n), device=self.device)])
+            dist.all_reduce(total)
+            sums = {k: total[i] for i, k in enumerate(keys)}
+            n = int(total[-1])
+        for k, v in sums.items():
+            self.callback_metrics[k] = float(v / max(n, 1))
+        self._read_metrics()
+        module.train()
+        self._fire("on_validation_end", module)
+
+    def _log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """``self.log`` for modules that are not LightningModules: kept on the device until
+        the next read."""
+        torch = _torch()
+        self._logged[name] = value.detach() if isinstance(value, torch.Tensor) else value
+
+    def _read_metrics(self) -> None:
+        """The one host-device sync: every ``log_every_n_steps`` and at the end."""
+        torch = _torch()
+        if self.world_size > 1:
+            # Every rank reads at the same steps: the mean over all of them.
+            import torch.distributed as dist
+
+            total = torch.stack([self._loss_sum.float(), torch.tensor(float(self._loss_n), device=self.device)])
+            dist.all_reduce(total)
+            if total[1] > 0:
+                self.callback_metrics["train_loss"] = float(total[0] / total[1])
+            self._loss_sum = torch.zeros((), device=self.device)
+            self._loss_n = 0
+        elif self._loss_n:
+            self.callback_metrics["train_loss"] = float(self._loss_sum / self._loss_n)
+            self._loss_sum = torch.zeros((), device=self.device)
+            self._loss_n = 0
+        for k, v in self._logged.items():
+            self.callback_metrics[k] = float(v) if isinstance(v, torch.Tensor) else v
+
+    def _fire(self, hook: str, module: Any, *args: Any) -> None:
+        for h in self._hooks[hook]:
+            h(self, module, *args)
+
+    def _save(self, module: Any, optimizer: Any, schedulers: List[Tuple[Any, str, int]], scaler: Any,
+              name: str) -> Optional[str]:
+        if not self.checkpoint_dir or self.global_rank != 0:
+            return None
+        torch = _torch()
+        checkpoint: Dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT,
+            "state_dict": module.state_dict(),
+            "optimizer_states": [optimizer.state_dict()],
+            "lr_schedulers": [s.state_dict() for s, _, _ in schedulers],
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "epoch": self.current_epoch,
+            "global_step": self.global_step,
+            "batches_done": self._batches_done,
+            "epoch_rng": self._epoch_rng,
+            "rng": _rng_state(),
+            "precision": self.precision,
+        }
+        for h in self._hooks["on_save_checkpoint"]:
+            h(self, module, checkpoint)
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        path = os.path.join(self.checkpoint_dir, name)
+        partial = f"{path}.partial-{os.getpid()}"
+        torch.save(checkpoint, partial)
+        os.replace(partial, path)
+        if name != "last.ckpt":
+            # The newest epoch's checkpoint is also the one to resume from.
+            last = os.path.join(self.checkpoint_dir, "last.ckpt")
+            torch.save(checkpoint, f"{last}.partial-{os.getpid()}")
+            os.replace(f"{last}.partial-{os.getpid()}", last)
+        return path
+
+
+def _steps_class() -> Any:
+    torch = _torch()
+
+    class Steps(torch.nn.Module):
+        """The module as DDP wraps it: its forward is a training step."""
+
+        def __init__(self, module: Any) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, batch: Any, batch_idx: int) -> Any:
+            return self.module.training_step(batch, batch_idx)
+
+    return Steps
+
+
+def _wrap_steps(module: Any) -> Any:
+    return _steps_class()(module)
+
+
+def _shard(data: Any, ranks: Any) -> Any:
+    """A DataLoader as this rank reads it: the same loader over its share of the dataset
+    (shuffled the same way on every rank when the original was). Other iterables are the
+    caller's to shard."""
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+    if not isinstance(data, DataLoader) or data.batch_size is None:
+        return data
+    sampler = DistributedSampler(
+        data.dataset,
+        num_replicas=ranks.world,
+        rank=ranks.rank,
+        shuffle=isinstance(data.sampler, RandomSampler),
+        seed=0,  # the same on every rank, whatever each process's own seed
+        drop_last=data.drop_last,
+    )
+    return DataLoader(
+        data.dataset,
+        batch_size=data.batch_size,
+        sampler=sampler,
+        num_workers=data.num_workers,
+        collate_fn=data.collate_fn,
+        pin_memory=data.pin_memory,
+        drop_last=data.drop_last,
+    )
+
+
+def _to_device(batch: Any, device: Any) -> Any:
+    torch = _torch()
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=device.type == "cuda")
+    if isinstance(batch, (list, tuple)):
+        moved = [_to_device(b, device) for b in batch]
+        return type(batch)(moved) if not hasattr(batch, "_fields") else type(batch)(*moved)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _rng_state() -> Dict[str, Any]:
+    torch = _torch()
+    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng(state: Dict[str, Any]) -> None:
+    torch = _torch()
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        try:
+            import numpy
+
+            numpy.random.set_state(state["numpy"])
+        except ImportError:
+            pass
+
+
+__all__ = ["Callback", "Trainer", "TrainerError", "PRECISIONS", "HOOKS"]
