@@ -350,6 +350,9 @@ class Trainer:
                 gradient_as_bucket_view=True,
             )
             step = wrapped
+        # Batches come off a loader on the CPU: on the CPU there is nothing to move (and the
+        # per-step walk through them is what a tiny model would notice).
+        moves = device.type != "cpu"
         self._fire("on_train_start", module)
         module.train()
         while not self._finished():
@@ -376,7 +379,8 @@ class Trainer:
             checkpoint = None
             self._batches_done = skipped
             for batch_idx, batch in enumerate(batches, start=skipped):
-                batch = _to_device(batch, device)
+                if moves:
+                    batch = _to_device(batch, device)
                 with autocast():
                     outputs = step(batch, batch_idx)
                 loss = outputs["loss"] if isinstance(outputs, dict) else outputs
