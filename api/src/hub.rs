@@ -54,6 +54,8 @@ impl Hub {
                                 Ok(w) => {
                                     let _ = jobs.send(w);
                                 }
+                                // The replica is shutting down: nothing to listen for.
+                                Err(_) if store.pool().is_closed() => return,
                                 Err(e) => {
                                     tracing::warn!(error = %e, "LISTEN connection failed; reconnecting");
                                     break;
@@ -61,6 +63,7 @@ impl Hub {
                             }
                         }
                     }
+                    Err(_) if store.pool().is_closed() => return,
                     Err(e) => tracing::warn!(error = %e, "cannot LISTEN; retrying"),
                 }
                 tokio::time::sleep(RECONNECT_DELAY).await;

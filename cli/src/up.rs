@@ -175,7 +175,9 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             }
         })
     });
-    let mut server_stop = stop_rx.clone();
+    // The server stops after the worker: a worker leaving reports its last ends and
+    // deregisters through it (else the server would take it for lost a lease later).
+    let (server_stop_tx, mut server_stop) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(api::serve(listener, state, async move {
         let _ = server_stop.wait_for(|s| *s).await;
     }));
@@ -186,6 +188,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     if let Some(w) = worker {
         let _ = tokio::time::timeout(Duration::from_secs(15), w).await;
     }
+    let _ = server_stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     store.close().await;
     if let Some(pg) = embedded {

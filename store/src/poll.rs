@@ -158,7 +158,7 @@ impl Store {
 /// waits ahead of it that the worker might take (then the poll's full claim decides, in queue
 /// order): fenced like `CLAIM_PLAIN`. $1 worker, $2 poll sequence, $3 accelerator kinds,
 /// $4 the job.
-const ASSIGN_NEW: &str = "WITH h AS (
+pub(crate) const ASSIGN_NEW: &str = "WITH h AS (
          UPDATE worker_heartbeats h SET last_seen = now(), poll_seq = $2
          FROM workers w
          WHERE h.worker_id = $1 AND w.id = h.worker_id AND w.state = 'online' AND h.poll_seq <= $2

@@ -323,6 +323,11 @@ impl Store {
                 STOP_ORDERS,
                 "'{1,2}', '{1,1}', 1".to_string(),
             ),
+            (
+                "assign_new",
+                crate::poll::ASSIGN_NEW,
+                format!("1, 1, {kinds}, 1"),
+            ),
         ] {
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "PREPARE {name} AS {statement}"

@@ -214,7 +214,7 @@ async fn the_hot_statements_keep_their_plans_even_with_stale_statistics() {
         .hot_plans(&[Accelerator::Cpu, Accelerator::Any])
         .await
         .unwrap();
-    assert_eq!(plans.len(), 6);
+    assert_eq!(plans.len(), 7);
     for (name, plan) in &plans {
         assert!(!plan.contains("Seq Scan on tasks"), "{name}: {plan}");
         assert!(!plan.contains("tasks_by_worker"), "{name}: {plan}");
