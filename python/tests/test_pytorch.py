@@ -154,6 +154,10 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path):
         glt.Trainer(accelerator="cpu").fit(wider, DataLoader(data(), batch_size=16),
                                             ckpt_path=str(tmp_path / "last.ckpt"))
     assert not started
+    with pytest.raises(glt.TrainerError, match="num_nodes=2 needs a process started on every node"):
+        glt.Trainer(accelerator="cpu", num_nodes=2).fit(Regression(), DataLoader(data(), batch_size=16))
+    with pytest.raises(glt.TrainerError, match="target='remote' is not in this release yet"):
+        glt.Trainer(accelerator="cpu", target="remote")
     with pytest.raises(glt.TrainerError, match="no checkpoint at"):
         glt.Trainer(accelerator="cpu").fit(Regression(), [], ckpt_path=str(tmp_path / "nope.ckpt"))
 

@@ -27,23 +27,22 @@ print(f"rank {rank} of {world}: all_reduce gave {t.item():.0f}", flush=True)
 dist.destroy_process_group()
 "#;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_two_by_two_ddp_job_all_reduces_across_two_workers() {
-    let Ok(python) = std::env::var("GPULAYER_TEST_PYTHON") else {
-        eprintln!(
-            "skipped: GPULAYER_TEST_PYTHON is not set (scripts/test sets it to a venv with torch installed)"
-        );
-        return;
-    };
+/// A CPU gang job of two nodes (two workers joined to a fresh server), `procs` processes
+/// each, running `script` with `python`, followed to its end.
+struct GangRun {
+    server: testkit::Server,
+    _workers: [testkit::Worker; 2],
+    out: testkit::CliOutput,
+}
+
+async fn run_gang_script(file: &str, script: &str, python: &str, procs: &str) -> GangRun {
     let server = server(ServerOptions::default()).await;
-    let _n0 = server.join("node-a", &[]);
-    let _n1 = server.join("node-b", &[]);
+    let workers = [server.join("node-a", &[]), server.join("node-b", &[])];
     wait_for_workers(&server.cli(), 2);
-    let cli = server.cli();
-    let src = server.data_dir.path().join("ddp");
+    let src = server.data_dir.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("ddp.py"), DDP).unwrap();
-    let out = cli.run(&[
+    std::fs::write(src.join(file), script).unwrap();
+    let out = server.cli().run(&[
         "submit",
         "--source",
         src.to_str().unwrap(),
@@ -52,15 +51,36 @@ async fn a_two_by_two_ddp_job_all_reduces_across_two_workers() {
         "--nodes",
         "2",
         "--procs-per-node",
-        "2",
+        procs,
         // Loopback only here: gloo picks its interface by the host name otherwise.
         "--env",
         "GLOO_SOCKET_IFNAME=lo",
         "--follow",
         "--",
-        &python,
-        "ddp.py",
+        python,
+        file,
     ]);
+    GangRun {
+        server,
+        _workers: workers,
+        out,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_two_by_two_ddp_job_all_reduces_across_two_workers() {
+    let Ok(python) = std::env::var("GPULAYER_TEST_PYTHON") else {
+        eprintln!(
+            "skipped: GPULAYER_TEST_PYTHON is not set (scripts/test sets it to a venv with torch installed)"
+        );
+        return;
+    };
+    let GangRun {
+        server,
+        _workers,
+        out,
+    } = run_gang_script("ddp.py", DDP, &python, "2").await;
+    let cli = server.cli();
     assert_eq!(out.code, 0, "{out:?}");
     for rank in 0..4 {
         assert!(
@@ -102,6 +122,89 @@ async fn a_two_by_two_ddp_job_all_reduces_across_two_workers() {
             .unwrap_or_else(|e| panic!("rank {rank}'s result.txt: {e}"));
         assert_eq!(got, format!("{rank} 10.0\n"));
     }
+}
+
+/// A `gpulayer.pytorch` Trainer run across the nodes of a gang job: it joins the run the
+/// job's environment describes; every rank prints its final weights and the averaged loss.
+const TRAINER: &str = r#"
+import os
+import torch
+import gpulayer.pytorch as glt
+from torch.utils.data import DataLoader, TensorDataset
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(64, 4, generator=g)
+y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+
+class Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+# Each rank starts from other weights: DDP gives every rank rank 0's.
+torch.manual_seed(int(os.environ["RANK"]) + 1)
+module = Linear()
+trainer = glt.Trainer(accelerator="cpu", devices=1, num_nodes=2, max_epochs=2, log_every_n_steps=1)
+trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=8))
+w = ",".join(f"{v:.6f}" for v in module.net.weight.flatten().tolist())
+print(f"trainer rank {trainer.global_rank} of {trainer.world_size}: weights {w} loss {trainer.callback_metrics['train_loss']:.6f}")
+"#;
+
+#[tokio::test]
+async fn a_trainer_run_across_two_nodes_of_a_gang_job_agrees_on_its_weights_and_brings_back_rank_zeros_checkpoint()
+ {
+    let Ok(python) = std::env::var("GPULAYER_TEST_PYTHON") else {
+        eprintln!(
+            "skipped: GPULAYER_TEST_PYTHON is not set (scripts/test sets it to a venv with torch and gpulayer installed)"
+        );
+        return;
+    };
+    let GangRun {
+        server,
+        _workers,
+        out,
+    } = run_gang_script("train.py", TRAINER, &python, "1").await;
+    let cli = server.cli();
+    assert_eq!(out.code, 0, "{out:?}");
+    let said: Vec<&str> = (0..2)
+        .map(|rank| {
+            let prefix = format!("trainer rank {rank} of 2: ");
+            out.stdout
+                .lines()
+                .find_map(|l| l.split_once(&prefix).map(|(_, rest)| rest))
+                .unwrap_or_else(|| panic!("rank {rank} said nothing: {}", out.stdout))
+        })
+        .collect();
+    assert_eq!(said[0], said[1], "the ranks disagree: {said:?}");
+
+    // Rank 0 wrote the checkpoints into its output directory: they come back with download.
+    let jobs = cli
+        .run(&["jobs", "--json", "--limit", "1"])
+        .success()
+        .json();
+    let job = jobs["jobs"][0]["id"].as_i64().unwrap();
+    let dest = server.data_dir.path().join("downloaded");
+    cli.run(&["download", &job.to_string(), dest.to_str().unwrap()])
+        .success();
+    for name in ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"] {
+        assert!(
+            dest.join("rank-0/checkpoints").join(name).is_file(),
+            "rank 0's {name} did not come back"
+        );
+    }
+    assert!(
+        !dest.join("rank-1/checkpoints").exists(),
+        "only rank 0 writes checkpoints"
+    );
 }
 
 /// Whether a process still runs (a zombie does not).

@@ -45,16 +45,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(devices: int) -> Ranks:
-    """Starts (first process) or joins (a started one) a run of `devices` ranks on this
-    machine; an environment that already says where this process is (torchrun's, a
-    GPUlayer multi-node job's) is used as it is."""
+def start(devices: int, num_nodes: int = 1) -> Ranks:
+    """Starts (first process) or joins (a started one) a run of `devices` ranks per node on
+    `num_nodes` nodes. An environment that already says where this process is (torchrun's,
+    a GPUlayer multi-node job's) is joined as it is, if it holds that many ranks; across
+    nodes it is the only way (nothing here starts processes on other machines)."""
+    world = devices * num_nodes
     if os.environ.get(RANK_ENV) is not None or os.environ.get("TORCHELASTIC_RUN_ID"):
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(devices)))
+        if launched != world or per_node != devices:
+            raise RuntimeError(
+                f"the launcher started {launched} processes ({per_node} per node), but the Trainer "
+                f"asks for devices={devices} x num_nodes={num_nodes} = {world}: make them agree "
+                "(gpulayer submit --nodes N --procs-per-node M)"
+            )
         return Ranks(
             int(os.environ.get("RANK", "0")),
-            int(os.environ.get("WORLD_SIZE", str(devices))),
+            launched,
             int(os.environ.get("LOCAL_RANK", "0")),
             [],
+        )
+    if num_nodes > 1:
+        raise RuntimeError(
+            f"num_nodes={num_nodes} needs a process started on every node: submit the script as a "
+            f"multi-node job (gpulayer submit --nodes {num_nodes} --procs-per-node {devices} -- "
+            "python train.py), or run it under torchrun"
         )
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-") else None
     if script is None or not os.path.exists(script):

@@ -118,6 +118,7 @@ class Trainer:
         self.log_every_n_steps = log_every_n_steps
         self.device = self._choose_device(accelerator, devices, num_nodes, target)
         self.devices = 1 if devices == "auto" else int(devices)
+        self.num_nodes = num_nodes
         #: This process's rank and how many there are (0 and 1 in-process).
         self.global_rank = 0
         self.world_size = 1
@@ -158,11 +159,11 @@ class Trainer:
         if devices > available:
             unit = "CPU cores" if accelerator == "cpu" else f"{accelerator} devices"
             raise TrainerError(f"devices={devices}, but this machine has {available} {unit}")
-        if num_nodes != 1 or target != "local":
-            raise TrainerError(
-                "this release of gpulayer.pytorch trains on one machine: num_nodes=1, "
-                "target='local' (runs across nodes come next)"
-            )
+        if not isinstance(num_nodes, int) or num_nodes < 1:
+            raise TrainerError(f"num_nodes must be a positive whole number, not {num_nodes!r}")
+        if target != "local":
+            raise TrainerError("target='remote' is not in this release yet: submit the script as a "
+                               "multi-node job (gpulayer submit --nodes N --procs-per-node M -- python train.py)")
         return torch.device(accelerator)
 
     @staticmethod
@@ -264,13 +265,14 @@ class Trainer:
         self._check_module(module)
         if not hasattr(train_data, "__iter__"):
             raise TrainerError(f"train_data must be iterable (a DataLoader), not {type(train_data).__name__}")
-        if ckpt_path and self.devices > 1:
-            raise TrainerError("resuming a multi-process run (devices > 1) is not supported yet")
+        world = self.devices * self.num_nodes
+        if ckpt_path and world > 1:
+            raise TrainerError("resuming a multi-process run (devices or num_nodes > 1) is not supported yet")
         checkpoint = self._load_checkpoint(ckpt_path, module) if ckpt_path else None
         ranks = None
-        if self.devices > 1:
+        if world > 1:
             try:
-                ranks = _ranks.start(self.devices)
+                ranks = _ranks.start(self.devices, self.num_nodes)
             except RuntimeError as e:
                 raise TrainerError(str(e)) from None
             if self.device.type == "cuda":
