@@ -26,6 +26,8 @@ pub(crate) struct IdlePoll {
     /// Where the claim goes: None when the claim could not run (the poll then claims for
     /// itself, handing out again whatever may have been assigned).
     pub deliver: oneshot::Sender<Option<Vec<Claimed>>>,
+    /// When it parked: among the fitting polls, the one idle longest takes the job.
+    pub parked_at: std::time::Instant,
 }
 
 /// This replica's idle held polls, by worker.
@@ -84,7 +86,9 @@ impl IdlePolls {
         }
     }
 
-    /// An idle poll whose worker could start `spec` now, taken off the list.
+    /// An idle poll whose worker could start `spec` now, taken off the list: the one with
+    /// the most free slots, then the one waiting longest, so that new jobs spread over the
+    /// idle workers instead of going to whichever polls again first.
     pub(crate) fn take_fitting(&self, spec: &domain::JobSpec) -> Option<(i64, IdlePoll)> {
         if spec.layout.is_gang() {
             return None;
@@ -100,8 +104,8 @@ impl IdlePolls {
                         && p.view.inventory.call_python() == queued_call)
             })
             .filter(|(_, p)| scheduler::fit_now(&p.view, spec).is_ok())
-            .map(|(w, _)| *w)
-            .next()?;
+            .min_by_key(|(_, p)| (std::cmp::Reverse(p.free_slots), p.parked_at))
+            .map(|(w, _)| *w)?;
         idle.remove(&worker).map(|p| (worker, p))
     }
 }
@@ -134,6 +138,7 @@ pub(crate) async fn submit_to_idle_poll(
             free_slots,
             call_room,
             deliver,
+            ..
         } = poll;
         let accelerators = view.inventory.runnable_accelerators();
         let round = store::PollRound {

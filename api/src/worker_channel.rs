@@ -373,6 +373,7 @@ pub async fn poll(
                     free_slots: req.free_slots,
                     call_room: req.call_room,
                     deliver,
+                    parked_at: std::time::Instant::now(),
                 },
             )
         });
