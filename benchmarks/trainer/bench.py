@@ -19,7 +19,12 @@ Prints one JSON object; benchmarks/RESULTS.md records the runs. Needs torch and 
     ~/.cache/gpulayer/trainer-venv/bin/pip install torch lightning ./python
     ~/.cache/gpulayer/trainer-venv/bin/python benchmarks/trainer/bench.py
 
-Usage: bench.py [--steps N] [--rounds R] [--cases mlp,tiny]
+On a machine with an NVIDIA GPU, the CUDA cases (MLP fp32, MLP fp16 mixed, CNN fp16 mixed
+batch 128):
+
+    ~/.cache/gpulayer/trainer-venv/bin/python benchmarks/trainer/bench.py --accelerator cuda
+
+Usage: bench.py [--accelerator cpu|cuda] [--steps N] [--rounds R] [--cases mlp,tiny,...]
 """
 
 import argparse
@@ -35,17 +40,33 @@ from torch.utils.data import DataLoader, TensorDataset
 import gpulayer.pytorch as glt
 
 CASES = {
-    "mlp": {"sizes": [784, 512, 512, 10], "batch": 256},
-    "tiny": {"sizes": [32, 32, 10], "batch": 32},
+    "mlp": {"sizes": [784, 512, 512, 10], "batch": 256, "precision": "32-true"},
+    "tiny": {"sizes": [32, 32, 10], "batch": 32, "precision": "32-true"},
+    # The CUDA cases (run with --accelerator cuda; the defaults there).
+    "mlp16": {"sizes": [784, 512, 512, 10], "batch": 256, "precision": "16-mixed"},
+    "cnn": {"cnn": True, "batch": 128, "precision": "32-true"},
+    "cnn16": {"cnn": True, "batch": 128, "precision": "16-mixed"},
 }
 
+DEFAULT_CASES = {"cpu": "mlp,tiny", "cuda": "mlp,mlp16,cnn16"}
 
-def make_module(sizes):
+
+def make_module(case):
     import lightning as L
 
     class Classifier(L.LightningModule):
         def __init__(self):
             super().__init__()
+            if case.get("cnn"):
+                # A small CNN on 3x32x32 images (CIFAR-sized).
+                nn = torch.nn
+                self.net = nn.Sequential(
+                    nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+                    nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
+                    nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+                )
+                return
+            sizes = case["sizes"]
             layers = []
             for a, b in zip(sizes, sizes[1:]):
                 layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
@@ -61,11 +82,18 @@ def make_module(sizes):
     return Classifier()
 
 
-def loader(sizes, batch, steps):
+def loader(case, steps, accelerator):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch * steps, sizes[0], generator=g)
-    y = torch.randint(0, sizes[-1], (batch * steps,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=batch)
+    batch = case["batch"]
+    shape = (3, 32, 32) if case.get("cnn") else (case["sizes"][0],)
+    x = torch.randn(batch * steps, *shape, generator=g)
+    y = torch.randint(0, 10, (batch * steps,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=batch, pin_memory=accelerator == "cuda")
+
+
+def synchronize(accelerator):
+    if accelerator == "cuda":
+        torch.cuda.synchronize()
 
 
 class FirstStep:
@@ -79,31 +107,51 @@ class FirstStep:
             self.at = time.perf_counter()
 
 
-def hand(module, data, steps):
-    opt = module.configure_optimizers()
-    model = module.net
+def hand(module, data, steps, accelerator, precision):
+    """The floor: what a careful person writes by hand (autocast and a GradScaler for fp16,
+    batches copied without blocking, no per-step sync)."""
     t0 = time.perf_counter()
+    device = torch.device(accelerator)
+    model = module.net.to(device)
+    opt = module.configure_optimizers()
+    fp16 = precision == "16-mixed"
+    scaler = torch.amp.GradScaler(accelerator) if fp16 else None
+    if accelerator == "cuda":
+        torch.backends.cudnn.benchmark = True
     first = None
     for i, (x, y) in enumerate(data):
         if i == steps:
             break
+        if accelerator != "cpu":
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        if fp16:
+            with torch.autocast(accelerator, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
         if first is None:
+            synchronize(accelerator)
             first = time.perf_counter()
+    synchronize(accelerator)
     return time.perf_counter() - t0, first - t0
 
 
-def ours(module, data, steps):
+def ours(module, data, steps, accelerator, precision):
     t0 = time.perf_counter()
     first = FirstStep()
-    glt.Trainer(accelerator="cpu", max_steps=steps, callbacks=[first], checkpoint_dir=None).fit(module, data)
+    glt.Trainer(accelerator=accelerator, precision=precision, max_steps=steps, callbacks=[first],
+                checkpoint_dir=None).fit(module, data)
+    synchronize(accelerator)
     return time.perf_counter() - t0, first.at - t0
 
 
-def lightning(module, data, steps):
+def lightning(module, data, steps, accelerator, precision):
     import lightning as L
 
     class First(FirstStep, L.Callback):
@@ -113,10 +161,12 @@ def lightning(module, data, steps):
     t0 = time.perf_counter()
     first = First()
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[first],
+        accelerator=accelerator, devices=1, precision=precision, max_steps=steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[first],
     )
     trainer.fit(module, data)
+    synchronize(accelerator)
     return time.perf_counter() - t0, first.at - t0
 
 
@@ -127,30 +177,34 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--cases", default="mlp,tiny")
+    ap.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--cases", default=None, help="default: mlp,tiny on cpu; mlp,mlp16,cnn16 on cuda")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import logging
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    accel = args.accelerator
     out = {"steps": args.steps, "rounds": args.rounds, "threads": torch.get_num_threads(),
-           "torch": torch.__version__}
+           "torch": torch.__version__, "accelerator": accel}
+    if accel == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(0)
     import lightning as L
 
     out["lightning"] = L.__version__
-    for case in args.cases.split(","):
+    for case in (args.cases or DEFAULT_CASES[accel]).split(","):
         c = CASES[case]
         torch.manual_seed(0)
-        initial = make_module(c["sizes"])
-        data = loader(c["sizes"], c["batch"], args.steps)
+        initial = make_module(c)
+        data = loader(c, args.steps, accel)
         per_step = {k: [] for k in SYSTEMS}
         startup = {k: [] for k in SYSTEMS}
         for name, run in SYSTEMS.items():  # warm-up
-            run(copy.deepcopy(initial), data, min(20, args.steps))
+            run(copy.deepcopy(initial), data, min(20, args.steps), accel, c["precision"])
         for _ in range(args.rounds):
             for name, run in SYSTEMS.items():
-                took, first = run(copy.deepcopy(initial), data, args.steps)
+                took, first = run(copy.deepcopy(initial), data, args.steps, accel, c["precision"])
                 per_step[name].append(took / args.steps * 1000)
                 startup[name].append(first * 1000)
         med = {k: statistics.median(v) for k, v in per_step.items()}
