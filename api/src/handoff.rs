@@ -95,17 +95,23 @@ impl IdlePolls {
         }
         let mut idle = self.idle.lock().expect("idle polls lock");
         let queued_call = spec.queueable_call();
-        let worker = idle
-            .iter()
-            .filter(|(_, p)| {
-                p.free_slots > 0
-                    || (p.call_room > 0
-                        && queued_call.is_some()
-                        && p.view.inventory.call_python() == queued_call)
-            })
-            .filter(|(_, p)| scheduler::fit_now(&p.view, spec).is_ok())
-            .min_by_key(|(_, p)| (std::cmp::Reverse(p.free_slots), p.parked_at))
-            .map(|(w, _)| *w)?;
+        let rank = |p: &IdlePoll| (std::cmp::Reverse(p.free_slots), p.parked_at);
+        let mut best: Option<(i64, (std::cmp::Reverse<u32>, std::time::Instant))> = None;
+        for (worker, p) in idle.iter() {
+            let room = p.free_slots > 0
+                || (p.call_room > 0
+                    && queued_call.is_some()
+                    && p.view.inventory.call_python() == queued_call);
+            // The scheduler is asked only about a poll that would be chosen over the best
+            // so far: a submit holds this lock, and a fleet may have many idle workers.
+            if room
+                && best.is_none_or(|(_, b)| rank(p) < b)
+                && scheduler::fit_now(&p.view, spec).is_ok()
+            {
+                best = Some((*worker, rank(p)));
+            }
+        }
+        let (worker, _) = best?;
         idle.remove(&worker).map(|p| (worker, p))
     }
 }

@@ -83,12 +83,10 @@ pub(crate) fn report(verdicts: &[Verdict]) -> PlacementReport {
     }
 }
 
-/// Checks a spec's parts against each other, then against the online workers. A job no
-/// online worker could ever run is refused with every worker's reason. With no worker
+/// Checks a spec (already checked on its own, see `jobs::accept`) against the online
+/// workers. A job no online worker could ever run is refused with every worker's reason. With no worker
 /// online at all the job is accepted: the first worker to join may take it.
 pub(crate) async fn admit(app: &AppState, spec: &JobSpec) -> ApiResult<()> {
-    spec.check()
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let workers = worker_views(app).await?;
     let verdicts = scheduler::eligibility(&workers, spec);
     if verdicts.is_empty() {

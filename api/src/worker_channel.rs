@@ -245,7 +245,7 @@ pub async fn poll(
     let mut lost: Vec<TaskLease> = Vec::new();
     // What a submit claimed for this poll while it waited parked (see `handoff`).
     let mut handed: Option<Vec<store::Claimed>> = None;
-    let parks = req.free_slots > 0 || (req.call_room > 0 && view.inventory.python.is_some());
+    let parks = req.free_slots > 0 || (req.call_room > 0 && view.inventory.call_python().is_some());
     loop {
         // A worker drops a held poll when it has news (to send it sooner). Database work is
         // shielded from that cancellation: a query cut off half way makes sqlx throw its

@@ -1,7 +1,7 @@
 //! One poll's worth of queue work in one transaction: the ends and starts the worker reports,
 //! the tasks it forgot, the stop orders for what it runs, and a claim for its free slots. One
-//! commit and a handful of round trips however many tasks the poll reports or takes (two
-//! when it reports calls' ends: those commit first, for their waiting callers).
+//! commit and a handful of round trips however many tasks the poll reports or takes (a worker
+//! reporting its last calls' ends commits them first, for their waiting callers).
 
 use crate::gangs::Placer;
 use crate::queue::{
@@ -64,18 +64,18 @@ impl Store {
         if round.reconcile {
             fail_forgotten_in(&mut tx, worker_id, &ids).await?;
         }
-        // Calls' callers wait for these ends: they go out with a commit of their own, not
-        // after the claim.
-        if round.finished.iter().any(|f| f.completion.call.is_some()) {
+        // A worker that ran out of calls: their callers wait for these ends, and the worker
+        // usually finds nothing else to take. The ends go out with a commit of their own, and
+        // one read replaces the claim's transaction and commit when nothing waits (a held
+        // poll still claims when woken, and re-checks every few seconds).
+        if !round.reconcile
+            && round.running.is_empty()
+            && round.finished.iter().any(|f| f.completion.call.is_some())
+        {
             tx.commit().await?;
-            // A worker that ran out of calls usually finds nothing else to take: one read
-            // says so, sparing it the claim's transaction and commit (a held poll still
-            // claims when woken, and re-checks every few seconds).
-            if !round.reconcile
-                && round.running.is_empty()
-                && !self
-                    .anything_to_claim(worker_id, round.accelerators)
-                    .await?
+            if !self
+                .anything_to_claim(worker_id, round.accelerators)
+                .await?
             {
                 return Ok(RoundOutcome {
                     lost,

@@ -1,15 +1,10 @@
 //! Remote function calls in the queue: queueable calls are taken ahead of free slots, in
 //! queue order and only by workers with the caller's Python; their outcomes are kept.
 
+use crate::{one_slot_worker, store};
 use domain::{Accelerator, CallOutcome, CallSpec, Digest, JobSpec};
-use std::collections::BTreeMap;
 use std::time::Duration;
-use store::{Completion, FinishReport, NewWorker, PollRound, Store};
-
-async fn store() -> Store {
-    let db = testkit::fresh_database().await;
-    Store::open(db.options).await.expect("open store")
-}
+use store::{Completion, FinishReport, PollRound, Store};
 
 fn call(python: &str) -> JobSpec {
     JobSpec {
@@ -60,16 +55,7 @@ async fn poll(
 #[tokio::test]
 async fn calls_are_taken_ahead_of_free_slots_in_queue_order_and_only_with_the_callers_python() {
     let store = store().await;
-    let worker = store
-        .register_worker(NewWorker {
-            name: "w",
-            labels: &BTreeMap::new(),
-            slots: 1,
-            inventory: &domain::fixtures::inventory("w", &[]),
-            version: "test",
-        })
-        .await
-        .unwrap();
+    let worker = one_slot_worker(&store, "w").await;
     let mut ids = Vec::new();
     for spec in [
         call("3.11"),

@@ -1,14 +1,9 @@
 //! A job handed to a worker's held poll by its submit: inserted and claimed in one
 //! transaction, in queue order, and never for a poll the worker has replaced.
 
+use crate::{one_slot_worker, store};
 use domain::{Accelerator, JobSpec, JobState};
-use std::collections::BTreeMap;
-use store::{NewWorker, PollRound, Store};
-
-async fn store() -> Store {
-    let db = testkit::fresh_database().await;
-    Store::open(db.options).await.expect("open store")
-}
+use store::{PollRound, Store};
 
 const KINDS: &[Accelerator] = &[Accelerator::Cpu, Accelerator::Any];
 
@@ -54,16 +49,7 @@ async fn submit_to(
 async fn a_job_handed_to_a_held_poll_is_assigned_by_its_submit_after_older_work_and_never_to_a_replaced_poll()
  {
     let store = store().await;
-    let worker = store
-        .register_worker(NewWorker {
-            name: "w",
-            labels: &BTreeMap::new(),
-            slots: 1,
-            inventory: &domain::fixtures::inventory("w", &[]),
-            version: "test",
-        })
-        .await
-        .unwrap();
+    let worker = one_slot_worker(&store, "w").await;
     let job = domain::fixtures::job(Accelerator::Cpu);
 
     // Nothing waits: the submit's own job is assigned before the submit returns.

@@ -151,7 +151,10 @@ class Trainer:
         else:
             available = os.cpu_count() or 1
         if available == 0:
-            raise TrainerError(f"accelerator={accelerator!r}, but this machine has no {accelerator} device")
+            raise TrainerError(
+                f"accelerator={accelerator!r}, but this machine has no {accelerator} device: "
+                "use accelerator='auto' (or 'cpu'), or run on a machine that has one"
+            )
         if devices == "auto":
             devices = 1
         if not isinstance(devices, int) or devices < 1:
