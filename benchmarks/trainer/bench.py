@@ -7,6 +7,11 @@ three train — the hand loop calls its `net` directly):
 
   mlp   784-512-512-10, fp32, batch 256: compute-bound, where a lean loop should cost ~0
   tiny  32-32-10, fp32, batch 32: per-step overhead dominates
+  ddp   2 CPU processes (gloo), 64-256-256-10, fp32, batch 64 per process: each system
+        starts its own ranks (hand: the script starts its second rank itself, as torchrun
+        would; ours: Trainer(devices=2); Lightning: strategy="ddp", devices=2), ms/step is
+        rank 0's time from the end of step 1 to the end of the last step over the steps
+        between, start-up from starting the first process to the end of step 1
 
 For each case and round, each system fits `--steps` steps from a fresh copy of the same
 initial weights; ms/step is the fit's wall time over its steps (after one warm-up fit each).
@@ -46,9 +51,10 @@ CASES = {
     "mlp16": {"sizes": [784, 512, 512, 10], "batch": 256, "precision": "16-mixed"},
     "cnn": {"cnn": True, "batch": 128, "precision": "32-true"},
     "cnn16": {"cnn": True, "batch": 128, "precision": "16-mixed"},
+    "ddp": {"sizes": [64, 256, 256, 10], "batch": 64, "precision": "32-true", "ddp": 2},
 }
 
-DEFAULT_CASES = {"cpu": "mlp,tiny", "cuda": "mlp,mlp16,cnn16"}
+DEFAULT_CASES = {"cpu": "mlp,tiny,ddp", "cuda": "mlp,mlp16,cnn16"}
 
 
 def make_module(case):
@@ -173,18 +179,145 @@ def lightning(module, data, steps, accelerator, precision):
 SYSTEMS = {"hand": hand, "gpulayer": ours, "lightning": lightning}
 
 
+# -- DDP: every system in processes of its own --------------------------------------------
+
+DDP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+           "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GPULAYER_TRAINER_RANK")
+
+
+class StepTimes:
+    """The end of every step, on this rank."""
+
+    def __init__(self):
+        self.ends = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.ends.append(time.time())
+
+
+def ddp_data(case, steps, world):
+    g = torch.Generator().manual_seed(0)
+    n = case["batch"] * steps * world
+    x = torch.randn(n, case["sizes"][0], generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return TensorDataset(x, y)
+
+
+def ddp_run(system, steps, out):
+    """One DDP fit of `system`, in this process and the ranks it (or its Trainer) starts;
+    rank 0 writes its step ends to `out`."""
+    import os
+    import subprocess
+    import sys
+
+    case = CASES["ddp"]
+    world = case["ddp"]
+    torch.manual_seed(0)
+    module = make_module(case)
+    dataset = ddp_data(case, steps, world)
+    times = StepTimes()
+    rank = int(os.environ.get("RANK", "0"))
+    if system == "hand":
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DistributedSampler
+
+        children = []
+        if "RANK" not in os.environ:
+            port = str(_free_port())
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(world), RANK="0")
+            for r in range(1, world):
+                children.append(subprocess.Popen([sys.executable, *sys.argv], env=dict(os.environ, RANK=str(r))))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        model = DistributedDataParallel(module.net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        data = DataLoader(dataset, batch_size=case["batch"],
+                          sampler=DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False))
+        for x, y in data:
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            times.ends.append(time.time())
+        dist.destroy_process_group()
+        for c in children:
+            assert c.wait() == 0
+    elif system == "gpulayer":
+        trainer = glt.Trainer(accelerator="cpu", devices=world, max_steps=steps, callbacks=[times])
+        trainer.fit(module, DataLoader(dataset, batch_size=case["batch"]))
+        rank = trainer.global_rank
+    else:
+        import lightning as L
+
+        class Times(StepTimes, L.Callback):
+            pass
+
+        times = Times()
+        trainer = L.Trainer(
+            accelerator="cpu", devices=world, strategy="ddp", max_steps=steps, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[times],
+        )
+        trainer.fit(module, DataLoader(dataset, batch_size=case["batch"]))
+        rank = trainer.global_rank
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(times.ends, f)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_case(steps, rounds):
+    """Each system's DDP fits, alternating, each in fresh processes."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k not in DDP_ENV}
+    # Two processes on this machine's cores: one thread each, as torchrun sets.
+    env["OMP_NUM_THREADS"] = "1"
+    per_step = {k: [] for k in SYSTEMS}
+    startup = {k: [] for k in SYSTEMS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds + 1):  # the first round warms the file cache
+            for name in SYSTEMS:
+                out = os.path.join(tmp, f"{name}-{r}.json")
+                t0 = time.time()
+                subprocess.run([sys.executable, os.path.abspath(__file__), "--ddp-run", name,
+                                "--steps", str(steps), "--out", out], check=True, env=env)
+                with open(out) as f:
+                    ends = json.load(f)
+                assert len(ends) == steps, (name, len(ends))
+                if r == 0:
+                    continue
+                per_step[name].append((ends[-1] - ends[0]) / (len(ends) - 1) * 1000)
+                startup[name].append((ends[0] - t0) * 1000)
+    return per_step, startup
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--cases", default=None, help="default: mlp,tiny on cpu; mlp,mlp16,cnn16 on cuda")
+    ap.add_argument("--cases", default=None, help="default: mlp,tiny,ddp on cpu; mlp,mlp16,cnn16 on cuda")
+    ap.add_argument("--ddp-run", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import logging
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    if args.ddp_run:
+        ddp_run(args.ddp_run, args.steps, args.out)
+        return
     accel = args.accelerator
     out = {"steps": args.steps, "rounds": args.rounds, "threads": torch.get_num_threads(),
            "torch": torch.__version__, "accelerator": accel}
@@ -195,18 +328,10 @@ def main():
     out["lightning"] = L.__version__
     for case in (args.cases or DEFAULT_CASES[accel]).split(","):
         c = CASES[case]
-        torch.manual_seed(0)
-        initial = make_module(c)
-        data = loader(c, args.steps, accel)
-        per_step = {k: [] for k in SYSTEMS}
-        startup = {k: [] for k in SYSTEMS}
-        for name, run in SYSTEMS.items():  # warm-up
-            run(copy.deepcopy(initial), data, min(20, args.steps), accel, c["precision"])
-        for _ in range(args.rounds):
-            for name, run in SYSTEMS.items():
-                took, first = run(copy.deepcopy(initial), data, args.steps, accel, c["precision"])
-                per_step[name].append(took / args.steps * 1000)
-                startup[name].append(first * 1000)
+        if c.get("ddp"):
+            per_step, startup = ddp_case(args.steps, args.rounds)
+        else:
+            per_step, startup = in_process_case(c, args.steps, args.rounds, accel)
         med = {k: statistics.median(v) for k, v in per_step.items()}
         out[case] = {
             "ms_per_step": {k: [round(x, 3) for x in v] for k, v in per_step.items()},
@@ -217,6 +342,23 @@ def main():
             "median_ms_to_first_step": {k: round(statistics.median(v), 1) for k, v in startup.items()},
         }
     print(json.dumps(out, indent=2))
+
+
+def in_process_case(c, steps, rounds, accel):
+    """Each system's fits of one case in this process, alternating."""
+    torch.manual_seed(0)
+    initial = make_module(c)
+    data = loader(c, steps, accel)
+    per_step = {k: [] for k in SYSTEMS}
+    startup = {k: [] for k in SYSTEMS}
+    for name, run in SYSTEMS.items():  # warm-up
+        run(copy.deepcopy(initial), data, min(20, steps), accel, c["precision"])
+    for _ in range(rounds):
+        for name, run in SYSTEMS.items():
+            took, first = run(copy.deepcopy(initial), data, steps, accel, c["precision"])
+            per_step[name].append(took / steps * 1000)
+            startup[name].append(first * 1000)
+    return per_step, startup
 
 
 if __name__ == "__main__":

@@ -148,6 +148,11 @@ pub struct Launch<'a> {
     pub spec: &'a JobSpec,
     pub assignment: &'a Assignment,
     pub program: PathBuf,
+    /// What the processes see as their `argv[0]`: the command's program as given, or the
+    /// interpreter's path when the worker's Python stands in for a bare `python` (a venv's
+    /// interpreter finds its venv from its `argv[0]`; a bare name would be looked up on the
+    /// `PATH` and find the system's).
+    pub arg0: String,
     pub src: &'a Path,
     pub output_dir: &'a Path,
     pub inventory: &'a Inventory,
@@ -247,7 +252,7 @@ impl Launch<'_> {
         let spec = self.spec;
         let mut cmd = tokio::process::Command::new(&self.program);
         // The job sees its command as it was given, whatever path it resolved to.
-        cmd.arg0(spec.command.program())
+        cmd.arg0(&self.arg0)
             .args(spec.command.args())
             .current_dir(self.src)
             .env("PYTHONUNBUFFERED", "1")

@@ -49,7 +49,8 @@ pub struct TaskContext {
     /// The address other nodes reach this worker at (node 0 of a multi-node job gives it as
     /// the rendezvous); None: the one on the route to the server.
     pub advertise_addr: Option<String>,
-    /// The interpreter remote function calls run with.
+    /// The interpreter remote function calls, and jobs whose program is a bare `python` or
+    /// `python3`, run with.
     pub python: String,
     /// The slots' warm Python runners.
     pub runners: Arc<crate::calls::Runners>,
@@ -235,8 +236,16 @@ async fn execute(
         .iter()
         .find(|e| e.name() == "PATH")
         .map(|e| std::ffi::OsString::from(e.value()));
+    let given = a.spec.command.program();
+    let program = job_program(given, &ctx.python, job_path.is_some());
     let search = job_path.or_else(|| std::env::var_os("PATH"));
-    let program = resolve_program(a.spec.command.program(), src, search.as_deref());
+    let resolved = resolve_program(program, src, search.as_deref());
+    let arg0 = if program == given {
+        given.to_string()
+    } else {
+        resolved.to_string_lossy().into_owned()
+    };
+    let program = resolved;
     let distributed = a.spec.layout.is_distributed();
     let meeting = if distributed {
         let met = crate::launch::meet(
@@ -259,6 +268,7 @@ async fn execute(
         spec: &a.spec,
         assignment: &a,
         program,
+        arg0,
         src,
         output_dir,
         inventory: &ctx.inventory,
@@ -319,6 +329,18 @@ async fn execute(
 pub(crate) async fn stop_ordered(stop: &mut watch::Receiver<Option<StopWhy>>) {
     if stop.wait_for(|s| s.is_some()).await.is_err() {
         std::future::pending::<()>().await;
+    }
+}
+
+/// The program a job's command names, as the worker runs it: a bare `python` or `python3`
+/// is the worker's interpreter (`--python`), the one its framework checks ran with, so a job
+/// placed for `--framework torch` finds torch — unless the job sets its own `PATH`, which
+/// then decides, as for any bare name.
+fn job_program<'a>(program: &'a str, python: &'a str, own_path: bool) -> &'a str {
+    if !own_path && matches!(program, "python" | "python3") {
+        python
+    } else {
+        program
     }
 }
 
@@ -502,6 +524,26 @@ async fn fetch_source(
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_bare_python_is_the_workers_interpreter_unless_the_job_sets_its_path() {
+        let venv = "/opt/venv/bin/python";
+        for (program, own_path, runs) in [
+            ("python", false, venv),
+            ("python3", false, venv),
+            ("python", true, "python"),
+            ("python3.11", false, "python3.11"),
+            ("./python", false, "./python"),
+            ("/usr/bin/python3", false, "/usr/bin/python3"),
+            ("sh", false, "sh"),
+        ] {
+            assert_eq!(
+                job_program(program, venv, own_path),
+                runs,
+                "{program} {own_path}"
+            );
+        }
+    }
 
     #[test]
     fn programs_resolve_like_execvp_but_once() {

@@ -1,22 +1,30 @@
 """The Trainer: checks everything it is given before the first step, then runs a lean step
 loop — no host-device sync per step (losses add up on the device and are read every
 ``log_every_n_steps``), callbacks called only for the hooks they define, autocast with a
-GradScaler for fp16 (bf16 needs none), cuDNN autotune on CUDA — with checkpoints that resume
+GradScaler for fp16 (bf16 needs none), cuDNN autotune and batches copied on a side stream on
+CUDA, gradients summed in two levels across machines — with checkpoints that resume
 exactly where a run stopped, bit for bit (the data order of the interrupted epoch included).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import pickle
 import random
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from gpulayer.errors import BadInput
 from gpulayer.pytorch import ranks as _ranks
 
 #: Lightning's precision names, and the autocast dtype each means (None: full precision).
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
+
+#: How gradients are summed across ranks: "flat" (one all-reduce over every rank, DDP's own),
+#: "two-level" (inside each machine, then across machines; see `two_level_sync`), "auto"
+#: (two-level when there are several machines with several ranks each).
+GRADIENT_SYNCS = ("auto", "flat", "two-level")
 
 #: The callback hooks the Trainer calls, with Lightning's signatures.
 HOOKS = (
@@ -80,6 +88,10 @@ class Trainer:
         GPUlayer job, so they come back with ``gpulayer download``; else none): one per epoch
         (``epoch=E-step=S.ckpt``) and ``last.ckpt`` when fitting ends.
     log_every_n_steps: how often the summed losses are read from the device.
+    target: "local", or "remote": ``fit`` submits the calling script as a job of
+        ``num_nodes`` x ``devices`` processes, follows it, downloads its outputs and loads
+        rank 0's last weights into the module (inside that job, the same line trains).
+    gradient_sync: one of ``GRADIENT_SYNCS``; after ``fit`` starts, the one in use.
     """
 
     def __init__(
@@ -94,6 +106,7 @@ class Trainer:
         checkpoint_dir: Optional[str] = None,
         target: str = "local",
         log_every_n_steps: int = 50,
+        gradient_sync: str = "auto",
     ) -> None:
         if str(precision) not in PRECISIONS:
             raise TrainerError(
@@ -106,22 +119,54 @@ class Trainer:
         for name, value in (("max_steps", max_steps), ("max_epochs", max_epochs)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise TrainerError(f"{name} must be a positive whole number, not {value!r}")
+        if gradient_sync not in GRADIENT_SYNCS:
+            raise TrainerError(
+                f"unknown gradient_sync {gradient_sync!r}: use one of {', '.join(map(repr, GRADIENT_SYNCS))}"
+            )
         if not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
             raise TrainerError(f"log_every_n_steps must be a positive whole number, not {log_every_n_steps!r}")
         self.precision = str(precision)
         self.max_steps = max_steps
         self.max_epochs = max_epochs if max_epochs is not None or max_steps is not None else 1
         self.callbacks: List[Any] = list(callbacks or [])
-        if checkpoint_dir is None and os.environ.get("GPULAYER_OUTPUT_DIR"):
-            checkpoint_dir = os.path.join(os.environ["GPULAYER_OUTPUT_DIR"], "checkpoints")
+        # Inside a GPUlayer job checkpoints belong in the output directory, which comes back
+        # with `gpulayer download` (the job's working directory does not).
+        #: Where rank 0's checkpoints are inside its output directory (a remote fit finds
+        #: them there in what comes back).
+        self._checkpoints_in_outputs = (
+            "checkpoints" if checkpoint_dir is None else None if os.path.isabs(checkpoint_dir) else checkpoint_dir
+        )
+        output_dir = os.environ.get("GPULAYER_OUTPUT_DIR")
+        if output_dir and checkpoint_dir is None:
+            checkpoint_dir = os.path.join(output_dir, "checkpoints")
+        elif output_dir and not os.path.isabs(checkpoint_dir):
+            checkpoint_dir = os.path.join(output_dir, checkpoint_dir)
         self.checkpoint_dir = checkpoint_dir
         self.log_every_n_steps = log_every_n_steps
-        self.device = self._choose_device(accelerator, devices, num_nodes, target)
+        self.gradient_sync = gradient_sync
+        #: Whether fit() submits this script as a job instead of training here: target
+        #: "remote" outside a GPUlayer job (inside it, the job's processes train).
+        self.remote = target == "remote" and not os.environ.get("GPULAYER_JOB_ID")
+        self.accelerator = accelerator
+        if self.remote:
+            self._check_counts(devices, num_nodes)
+            self.device = None
+        else:
+            self.device = self._choose_device(accelerator, devices, num_nodes)
         self.devices = 1 if devices == "auto" else int(devices)
+        #: After a remote fit: the job, and where its outputs were downloaded.
+        self.job: Any = None
+        self.outputs: Optional[str] = None
+        #: After a remote fit: the downloaded last.ckpt whose weights `module` now holds.
+        self.last_checkpoint: Optional[str] = None
         self.num_nodes = num_nodes
         #: This process's rank and how many there are (0 and 1 in-process).
         self.global_rank = 0
         self.world_size = 1
+        self._ranks: Optional[_ranks.Ranks] = None
+        #: The groups of the two-level gradient sync when it is in use (its ``buckets`` count
+        #: the buckets it has summed), else None.
+        self.two_level: Optional[TwoLevelGroups] = None
         self.global_step = 0
         self.current_epoch = 0
         self.should_stop = False
@@ -135,7 +180,14 @@ class Trainer:
     # -- set-up --------------------------------------------------------------------------
 
     @staticmethod
-    def _choose_device(accelerator: str, devices: Any, num_nodes: int, target: str) -> Any:
+    def _check_counts(devices: Any, num_nodes: int) -> None:
+        if devices != "auto" and (not isinstance(devices, int) or devices < 1):
+            raise TrainerError(f"devices must be a positive whole number or 'auto', not {devices!r}")
+        if not isinstance(num_nodes, int) or num_nodes < 1:
+            raise TrainerError(f"num_nodes must be a positive whole number, not {num_nodes!r}")
+
+    @staticmethod
+    def _choose_device(accelerator: str, devices: Any, num_nodes: int) -> Any:
         torch = _torch()
         if accelerator == "auto":
             if torch.cuda.is_available():
@@ -164,9 +216,6 @@ class Trainer:
             raise TrainerError(f"devices={devices}, but this machine has {available} {unit}")
         if not isinstance(num_nodes, int) or num_nodes < 1:
             raise TrainerError(f"num_nodes must be a positive whole number, not {num_nodes!r}")
-        if target != "local":
-            raise TrainerError("target='remote' is not in this release yet: submit the script as a "
-                               "multi-node job (gpulayer submit --nodes N --procs-per-node M -- python train.py)")
         return torch.device(accelerator)
 
     @staticmethod
@@ -269,34 +318,108 @@ class Trainer:
         if not hasattr(train_data, "__iter__"):
             raise TrainerError(f"train_data must be iterable (a DataLoader), not {type(train_data).__name__}")
         world = self.devices * self.num_nodes
-        if ckpt_path and world > 1:
-            raise TrainerError("resuming a multi-process run (devices or num_nodes > 1) is not supported yet")
         checkpoint = self._load_checkpoint(ckpt_path, module) if ckpt_path else None
+        if checkpoint is not None and checkpoint.get("world_size", 1) != world:
+            raise TrainerError(
+                f"{ckpt_path} was written by a run of {checkpoint.get('world_size', 1)} process(es), "
+                f"this one has {world} (devices x num_nodes): resume with the same numbers, or load "
+                "its weights with module.load_state_dict() and fit without ckpt_path"
+            )
+        if self.remote:
+            self._fit_remotely(module, ckpt_path)
+            return
         ranks = None
         if world > 1:
             try:
                 ranks = _ranks.start(self.devices, self.num_nodes)
             except RuntimeError as e:
                 raise TrainerError(str(e)) from None
-            if self.device.type == "cuda":
-                self.device = torch.device("cuda", ranks.local_rank)
-                torch.cuda.set_device(self.device)
-            _ranks.join_group(ranks, self.device)
-            self.global_rank, self.world_size = ranks.rank, ranks.world
-            train_data = _shard(train_data, ranks)
-            if val_data is not None:
-                val_data = _shard(val_data, ranks)
         try:
+            if ranks is not None:
+                if self.device.type == "cuda":
+                    self.device = torch.device("cuda", ranks.local_rank)
+                    torch.cuda.set_device(self.device)
+                _ranks.join_group(ranks, self.device)
+                self._ranks = ranks
+                self.global_rank, self.world_size = ranks.rank, ranks.world
+                train_data = _shard(train_data, ranks)
+                if val_data is not None:
+                    val_data = _shard(val_data, ranks)
             self._fit(module, train_data, val_data, checkpoint)
+        except BaseException:
+            if ranks is not None:
+                ranks.stop_the_others()
+            raise
         finally:
             if ranks is not None:
                 import torch.distributed as dist
 
-                dist.destroy_process_group()
+                if dist.is_initialized():
+                    # The DDP wrapper holds the process group and sits in reference cycles:
+                    # collected now, the group really goes here — left to the interpreter's
+                    # teardown, gloo's threads outlive it and the process aborts at exit.
+                    gc.collect()
+                    dist.destroy_process_group()
         if ranks is not None and ranks.is_first:
             failed = ranks.wait_for_the_others()
             if failed:
                 raise RuntimeError(f"the run's other ranks failed: {failed}")
+
+    def _fit_remotely(self, module: Any, ckpt_path: Optional[str]) -> None:
+        """Submits the script that called fit() as a job of `num_nodes` nodes with `devices`
+        processes each (the same command, its directory as the source), follows its output,
+        downloads its outputs into ``job-ID-outputs`` (``self.outputs``) and loads the
+        weights of rank 0's last checkpoint into `module`. Raises ``JobFailed`` if it failed."""
+        import sys
+
+        import gpulayer as gl
+
+        argv = sys.argv
+        script = argv[0] if argv and argv[0] not in ("", "-c", "-") else None
+        if script is None or not os.path.isfile(script):
+            raise TrainerError(
+                "target='remote' submits the script that calls fit(): run it as a file "
+                "(python train.py), not from -c or an interactive session"
+            )
+        source = os.path.dirname(os.path.abspath(script))
+        if ckpt_path and os.path.relpath(os.path.abspath(ckpt_path), source).startswith(".."):
+            raise TrainerError(
+                f"ckpt_path {ckpt_path} is outside {source}, the directory that is shipped with "
+                "target='remote': put the checkpoint there and give its path relative to it"
+            )
+        requirements: Dict[str, Any] = {
+            "accelerator": "any" if self.accelerator == "auto" else self.accelerator,
+            "frameworks": {"torch": None},
+            "nodes": self.num_nodes,
+            "procs_per_node": self.devices,
+            "name": os.path.basename(script),
+        }
+        if self.accelerator in ("cuda", "mps"):
+            requirements["devices"] = self.devices
+        command = ["python", os.path.relpath(os.path.abspath(script), source), *argv[1:]]
+        job = gl.submit(command, source=source, **requirements)
+        self.job = job
+        print(f"gpulayer.pytorch: fitting as job {job.id} ({self.num_nodes} node(s) x {self.devices} "
+              "process(es))", file=sys.stderr, flush=True)
+        job.logs(follow=True)
+        job.wait()
+        self.outputs = f"job-{job.id}-outputs"
+        job.download(self.outputs)
+        inside = self._checkpoints_in_outputs
+        last = next(
+            (p for p in (os.path.join(self.outputs, d, inside or "", "last.ckpt") for d in ("rank-0", ""))
+             if inside is not None and os.path.isfile(p)),
+            None,
+        )
+        if last is None:
+            return
+        self.last_checkpoint = last
+        torch = _torch()
+        checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+        module.load_state_dict(checkpoint["state_dict"])
+        self.global_step = checkpoint["global_step"]
+        self.current_epoch = checkpoint["epoch"]
+        self.callback_metrics.update(checkpoint.get("callback_metrics", {}))
 
     @property
     def is_global_zero(self) -> bool:
@@ -323,6 +446,7 @@ class Trainer:
         self._loss_n = 0
         batches_done = 0
         epoch_rng = None
+        resumed_rng = None
         if checkpoint is not None:
             module.load_state_dict(checkpoint["state_dict"])
             optimizer.load_state_dict(checkpoint["optimizer_states"][0])
@@ -333,7 +457,9 @@ class Trainer:
             self.global_step = checkpoint["global_step"]
             self.current_epoch = checkpoint["epoch"]
             batches_done = checkpoint.get("batches_done", 0)
-            epoch_rng = checkpoint.get("epoch_rng")
+            # Every rank goes on from its own random state (its dropout masks differ).
+            epoch_rng = checkpoint.get("epoch_rng_per_rank", [checkpoint.get("epoch_rng")])[self.global_rank]
+            resumed_rng = checkpoint.get("rng_per_rank", [checkpoint["rng"]])[self.global_rank]
 
         def autocast() -> Any:
             if autocast_dtype is None:
@@ -354,10 +480,14 @@ class Trainer:
                 device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True,
             )
+            sync = self.gradient_sync
+            if sync == "auto":
+                sync = "two-level" if self._ranks.nodes > 1 and self._ranks.per_node > 1 else "flat"
+            if sync == "two-level":
+                self.two_level = _two_level_groups(self._ranks)
+                wrapped.register_comm_hook(self.two_level, two_level_sync)
+            self.gradient_sync = sync
             step = wrapped
-        # Batches come off a loader on the CPU: on the CPU there is nothing to move (and the
-        # per-step walk through them is what a tiny model would notice).
-        moves = device.type != "cpu"
         self._fire("on_train_start", module)
         module.train()
         while not self._finished():
@@ -365,6 +495,9 @@ class Trainer:
             # mid-epoch starts from that state again and skips what the interrupted run did,
             # then goes on from the state it stopped with.
             skipped = 0
+            sampler = getattr(train_data, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self.current_epoch)
             if checkpoint is not None and batches_done > 0 and epoch_rng is not None:
                 _set_rng(epoch_rng)
                 self._epoch_rng = epoch_rng
@@ -372,20 +505,15 @@ class Trainer:
                 for _ in range(batches_done):
                     next(batches)
                 skipped = batches_done
-                _set_rng(checkpoint["rng"])
+                _set_rng(resumed_rng)
             else:
                 if checkpoint is not None:
-                    _set_rng(checkpoint["rng"])
+                    _set_rng(resumed_rng)
                 self._epoch_rng = _rng_state()
-                sampler = getattr(train_data, "sampler", None)
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(self.current_epoch)
                 batches = iter(train_data)
             checkpoint = None
             self._batches_done = skipped
-            for batch_idx, batch in enumerate(batches, start=skipped):
-                if moves:
-                    batch = _to_device(batch, device)
+            for batch_idx, batch in enumerate(_on_device(batches, device), start=skipped):
                 with autocast():
                     outputs = step(batch, batch_idx)
                 loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -502,9 +630,19 @@ class Trainer:
 
     def _save(self, module: Any, optimizer: Any, schedulers: List[Tuple[Any, str, int]], scaler: Any,
               name: str) -> Optional[str]:
-        if not self.checkpoint_dir or self.global_rank != 0:
+        if not self.checkpoint_dir:
             return None
         torch = _torch()
+        rng = _rng_state()
+        if self.world_size > 1:
+            # Rank 0 writes every rank's random state (each rank's dropout masks differ);
+            # every rank saves at the same points, so this gather is met on all of them.
+            everyone = [pickle.loads(b) for b in _gather_bytes(pickle.dumps((self._epoch_rng, rng)), self.device)]
+            if self.global_rank != 0:
+                return None
+            epoch_rngs, rngs = [e for e, _ in everyone], [r for _, r in everyone]
+        else:
+            epoch_rngs, rngs = [self._epoch_rng], [rng]
         checkpoint: Dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
             "state_dict": module.state_dict(),
@@ -515,8 +653,12 @@ class Trainer:
             "global_step": self.global_step,
             "batches_done": self._batches_done,
             "epoch_rng": self._epoch_rng,
-            "rng": _rng_state(),
+            "rng": rng,
+            "epoch_rng_per_rank": epoch_rngs,
+            "rng_per_rank": rngs,
+            "world_size": self.world_size,
             "precision": self.precision,
+            "callback_metrics": dict(self.callback_metrics),
         }
         for h in self._hooks["on_save_checkpoint"]:
             h(self, module, checkpoint)
@@ -531,6 +673,61 @@ class Trainer:
             torch.save(checkpoint, f"{last}.partial-{os.getpid()}")
             os.replace(f"{last}.partial-{os.getpid()}", last)
         return path
+
+
+class TwoLevelGroups:
+    """The process groups of a two-level sync, and how many buckets it has summed."""
+
+    def __init__(self, node: Any, across: Any, per_node: int, local_rank: int, world: int) -> None:
+        self.node = node
+        self.across = across
+        self.per_node = per_node
+        self.local_rank = local_rank
+        self.world = world
+        self.buckets = 0
+
+
+def _two_level_groups(ranks: Any) -> TwoLevelGroups:
+    import torch.distributed as dist
+
+    # Every rank creates every group, in the same order (a collective of its own).
+    node, _ = dist.new_subgroups_by_enumeration(
+        [list(range(n * ranks.per_node, (n + 1) * ranks.per_node)) for n in range(ranks.nodes)]
+    )
+    across, _ = dist.new_subgroups_by_enumeration(
+        [list(range(j, ranks.world, ranks.per_node)) for j in range(ranks.per_node)]
+    )
+    return TwoLevelGroups(node, across, ranks.per_node, ranks.local_rank, ranks.world)
+
+
+def two_level_sync(groups, bucket):  # type: ignore[no-untyped-def]
+    """A DDP communication hook: a bucket's gradients summed inside the machine first (fast
+    links), then across machines by one all-reduce per slice — each of a machine's ranks
+    carries its own 1/per_node of the bucket to the same rank of the other machines, so all
+    of the machines' links work at once and each carries a fraction of the bucket — then the
+    slices gathered back inside the machine, and the sum averaged as DDP's own does.
+
+    The collectives are issued in bucket order on every rank (DDP calls hooks in that order)
+    and wait in turn; on NCCL a wait only orders the GPU streams, not the host. (No
+    annotations: DDP accepts only dist.GradBucket and Future[Tensor] there, or none.)"""
+    torch = _torch()
+    import torch.distributed as dist
+
+    flat = bucket.buffer()
+    dist.all_reduce(flat, group=groups.node)
+    n = flat.numel()
+    chunk = -(-n // groups.per_node)
+    padded = flat.new_zeros(chunk * groups.per_node)
+    padded[:n].copy_(flat)
+    mine = padded[groups.local_rank * chunk:(groups.local_rank + 1) * chunk]
+    dist.all_reduce(mine, group=groups.across)
+    slices = [torch.empty_like(mine) for _ in range(groups.per_node)]
+    dist.all_gather(slices, mine, group=groups.node)
+    flat.copy_(torch.cat(slices)[:n]).div_(groups.world)
+    groups.buckets += 1
+    done: Any = torch.futures.Future()
+    done.set_result(flat)
+    return done
 
 
 def _steps_class() -> Any:
@@ -580,6 +777,67 @@ def _shard(data: Any, ranks: Any) -> Any:
     )
 
 
+def _gather_bytes(payload: bytes, device: Any) -> List[bytes]:
+    """Every rank's `payload`, in rank order, on every rank: each rank fills its own row of
+    a zeroed table and an all-reduce adds the rows up. (Not all_gather_object, nor gloo's
+    all_gather: with either, a rank that goes on to exit sometimes aborts in the
+    interpreter's teardown, "terminate called without an active exception".)"""
+    torch = _torch()
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    lengths = torch.zeros(world, dtype=torch.long, device=device)
+    lengths[rank] = len(payload)
+    dist.all_reduce(lengths)
+    table = torch.zeros(world, int(lengths.max()), dtype=torch.uint8, device=device)
+    table[rank, : len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
+    dist.all_reduce(table)
+    return [bytes(table[r, : int(n)].tolist()) for r, n in enumerate(lengths.tolist())]
+
+
+def _on_device(batches: Iterable[Any], device: Any) -> Iterable[Any]:
+    """The batches as the steps take them. On the CPU as they come (there is nothing to move,
+    and the per-step walk through a batch is what a tiny model would notice). On CUDA each
+    batch is copied on a side stream when the loop asks for it — while the GPU still runs the
+    previous step, which the host has only queued (no per-step sync) — and the step's stream
+    waits for that copy alone, so the copy overlaps the previous step instead of queueing
+    behind it (asynchronous from the host with ``pin_memory=True`` in the DataLoader).
+    Taking batches only when asked keeps the order of the random draws of a run without the
+    prefetch, so resume stays exact."""
+    if device.type == "cpu":
+        return batches
+    if device.type != "cuda":
+        return (_to_device(b, device) for b in batches)
+    return _copied_on_a_side_stream(batches, device)
+
+
+def _copied_on_a_side_stream(batches: Iterable[Any], device: Any) -> Iterator[Any]:
+    torch = _torch()
+    side = torch.cuda.Stream(device)
+    for batch in batches:
+        main = torch.cuda.current_stream(device)
+        with torch.cuda.stream(side):
+            moved = _to_device(batch, device)
+        main.wait_stream(side)
+        # Memory made on the side stream and used on the main one: the allocator must not
+        # reuse it until the main stream is done with it.
+        for t in _tensors(moved):
+            t.record_stream(main)
+        yield moved
+
+
+def _tensors(batch: Any) -> Iterator[Any]:
+    torch = _torch()
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, (list, tuple)):
+        for b in batch:
+            yield from _tensors(b)
+    elif isinstance(batch, dict):
+        for b in batch.values():
+            yield from _tensors(b)
+
+
 def _to_device(batch: Any, device: Any) -> Any:
     torch = _torch()
     if isinstance(batch, torch.Tensor):
@@ -621,4 +879,4 @@ def _set_rng(state: Dict[str, Any]) -> None:
             pass
 
 
-__all__ = ["Callback", "Trainer", "TrainerError", "PRECISIONS", "HOOKS"]
+__all__ = ["Callback", "Trainer", "TrainerError", "PRECISIONS", "HOOKS", "GRADIENT_SYNCS", "two_level_sync"]
