@@ -14,11 +14,16 @@ three train — the hand loop calls its `net` directly):
         between, start-up from starting the first process to the end of step 1
 
 For each case and round, each system fits `--steps` steps from a fresh copy of the same
-initial weights; ms/step is the fit's wall time over its steps (after one warm-up fit each).
+initial weights (the order of the three rotating from round to round); ms/step is the fit's wall time over its steps (after one warm-up fit each).
 Also the start-up time: from constructing the Trainer to the end of the first step.
 Lightning runs with its logger, checkpointing, progress bar and model summary off.
 
-Prints one JSON object; benchmarks/RESULTS.md records the runs. Needs torch and lightning:
+Prints one JSON object; benchmarks/RESULTS.md records the runs. Needs torch and lightning
+(the venv ./scripts/test makes has both, and gpulayer):
+
+    ~/.cache/gpulayer/venv/bin/python benchmarks/trainer/bench.py
+
+or, on its own:
 
     python3 -m venv ~/.cache/gpulayer/trainer-venv
     ~/.cache/gpulayer/trainer-venv/bin/pip install torch lightning ./python
@@ -286,7 +291,7 @@ def ddp_case(steps, rounds):
     startup = {k: [] for k in SYSTEMS}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds + 1):  # the first round warms the file cache
-            for name in SYSTEMS:
+            for name in rotated(r):
                 out = os.path.join(tmp, f"{name}-{r}.json")
                 t0 = time.time()
                 subprocess.run([sys.executable, os.path.abspath(__file__), "--ddp-run", name,
@@ -303,7 +308,7 @@ def ddp_case(steps, rounds):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--cases", default=None, help="default: mlp,tiny,ddp on cpu; mlp,mlp16,cnn16 on cuda")
@@ -344,6 +349,14 @@ def main():
     print(json.dumps(out, indent=2))
 
 
+def rotated(r):
+    """The systems in round r's order: each round starts with the next one, so none always
+    runs first (after the previous case) or last."""
+    names = list(SYSTEMS)
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
 def in_process_case(c, steps, rounds, accel):
     """Each system's fits of one case in this process, alternating."""
     torch.manual_seed(0)
@@ -353,9 +366,9 @@ def in_process_case(c, steps, rounds, accel):
     startup = {k: [] for k in SYSTEMS}
     for name, run in SYSTEMS.items():  # warm-up
         run(copy.deepcopy(initial), data, min(20, steps), accel, c["precision"])
-    for _ in range(rounds):
-        for name, run in SYSTEMS.items():
-            took, first = run(copy.deepcopy(initial), data, steps, accel, c["precision"])
+    for r in range(rounds):
+        for name in rotated(r):
+            took, first = SYSTEMS[name](copy.deepcopy(initial), data, steps, accel, c["precision"])
             per_step[name].append(took / steps * 1000)
             startup[name].append(first * 1000)
     return per_step, startup

@@ -8,7 +8,6 @@ exactly where a run stopped, bit for bit (the data order of the interrupted epoc
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import pickle
@@ -442,8 +441,8 @@ class Trainer:
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True
         self._logged: Dict[str, Any] = {}
-        self._loss_sum = torch.zeros((), device=device)
-        self._loss_n = 0
+        #: The steps' losses since the last read, detached, still on the device.
+        self._losses: List[Any] = []
         batches_done = 0
         epoch_rng = None
         resumed_rng = None
@@ -460,11 +459,6 @@ class Trainer:
             # Every rank goes on from its own random state (its dropout masks differ).
             epoch_rng = checkpoint.get("epoch_rng_per_rank", [checkpoint.get("epoch_rng")])[self.global_rank]
             resumed_rng = checkpoint.get("rng_per_rank", [checkpoint["rng"]])[self.global_rank]
-
-        def autocast() -> Any:
-            if autocast_dtype is None:
-                return contextlib.nullcontext()
-            return torch.autocast(device.type, dtype=autocast_dtype)
 
         self._epoch_rng: Optional[Dict[str, Any]] = None
         self._batches_done = 0
@@ -509,13 +503,24 @@ class Trainer:
             else:
                 if checkpoint is not None:
                     _set_rng(resumed_rng)
-                self._epoch_rng = _rng_state()
+                # Only a checkpoint needs it (taking it costs ~80 us: numpy's state is large).
+                self._epoch_rng = _rng_state() if self.checkpoint_dir else None
                 batches = iter(train_data)
             checkpoint = None
             self._batches_done = skipped
+            # What every step reads, looked up once (a tiny model's step is ~300 us, of
+            # which each attribute lookup and call here is a part).
+            losses = self._losses
+            after_step = self._hooks["on_train_batch_end"]
+            step_schedulers = [(s, every) for s, interval, every in schedulers if interval == "step"]
+            stop_at = self.max_steps if self.max_steps is not None else float("inf")
+            log_every = self.log_every_n_steps
             for batch_idx, batch in enumerate(_on_device(batches, device), start=skipped):
-                with autocast():
+                if autocast_dtype is None:
                     outputs = step(batch, batch_idx)
+                else:
+                    with torch.autocast(device.type, dtype=autocast_dtype):
+                        outputs = step(batch, batch_idx)
                 loss = outputs["loss"] if isinstance(outputs, dict) else outputs
                 if not isinstance(loss, torch.Tensor):
                     raise TrainerError(
@@ -529,18 +534,17 @@ class Trainer:
                     loss.backward()
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                self.global_step += 1
-                self._batches_done = batch_idx + 1
-                for s, interval, every in schedulers:
-                    if interval == "step" and self.global_step % every == 0:
+                self.global_step = global_step = self.global_step + 1
+                for s, every in step_schedulers:
+                    if global_step % every == 0:
                         s.step()
-                self._loss_sum += loss.detach()
-                self._loss_n += 1
-                if self.global_step % self.log_every_n_steps == 0:
+                losses.append(loss.detach())
+                if global_step % log_every == 0:
                     self._read_metrics()
-                for hook in self._hooks["on_train_batch_end"]:
+                for hook in after_step:
                     hook(self, module, outputs, batch, batch_idx)
-                if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+                if global_step >= stop_at or self.should_stop:
+                    self._batches_done = batch_idx + 1
                     break
             else:
                 self._end_epoch(module, schedulers, val_data, optimizer, scaler)
@@ -611,16 +615,14 @@ class Trainer:
             # Every rank reads at the same steps: the mean over all of them.
             import torch.distributed as dist
 
-            total = torch.stack([self._loss_sum.float(), torch.tensor(float(self._loss_n), device=self.device)])
+            summed = torch.stack(self._losses).float().sum() if self._losses else torch.zeros((), device=self.device)
+            total = torch.stack([summed, torch.tensor(float(len(self._losses)), device=self.device)])
             dist.all_reduce(total)
             if total[1] > 0:
                 self.callback_metrics["train_loss"] = float(total[0] / total[1])
-            self._loss_sum = torch.zeros((), device=self.device)
-            self._loss_n = 0
-        elif self._loss_n:
-            self.callback_metrics["train_loss"] = float(self._loss_sum / self._loss_n)
-            self._loss_sum = torch.zeros((), device=self.device)
-            self._loss_n = 0
+        elif self._losses:
+            self.callback_metrics["train_loss"] = float(torch.stack(self._losses).float().mean())
+        self._losses.clear()
         for k, v in self._logged.items():
             self.callback_metrics[k] = float(v) if isinstance(v, torch.Tensor) else v
 
@@ -853,7 +855,8 @@ def _to_device(batch: Any, device: Any) -> Any:
 def _rng_state() -> Dict[str, Any]:
     torch = _torch()
     state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # (is_initialized alone: is_available asks NVML each time, a millisecond at every epoch.)
+    if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy
