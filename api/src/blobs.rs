@@ -1,7 +1,7 @@
 //! Content-addressed blobs: packed sources, stored under their sha256 so the same source is
 //! uploaded once however many jobs use it.
 
-use crate::auth::{Caller, Permission};
+use crate::auth::{Authorized, may};
 use crate::error::{ApiError, ApiResult};
 use crate::server::AppState;
 use axum::body::Body;
@@ -56,11 +56,10 @@ pub(crate) async fn store_stream(
     responses((status = 201), (status = 400, body = protocol::ErrorBody)))]
 pub async fn upload(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::SubmitJobs>,
     Path(raw): Path<String>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    caller.require(Permission::SubmitJobs)?;
     let digest = digest(&raw)?;
     if app.store.blob_size(digest.as_str()).await?.is_some() {
         return Ok(StatusCode::OK);
@@ -89,10 +88,9 @@ pub async fn upload(
 #[utoipa::path(head, path = "/v1/blobs/{digest}", responses((status = 200), (status = 404)))]
 pub async fn exists(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::FetchSources>,
     Path(raw): Path<String>,
 ) -> ApiResult<Response> {
-    caller.require(Permission::FetchSources)?;
     match app.store.blob_size(digest(&raw)?.as_str()).await? {
         Some(size) => {
             Ok(([(header::CONTENT_LENGTH, size.to_string())], StatusCode::OK).into_response())
@@ -105,10 +103,9 @@ pub async fn exists(
 #[utoipa::path(get, path = "/v1/blobs/{digest}", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody)))]
 pub async fn download(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::FetchSources>,
     Path(raw): Path<String>,
 ) -> ApiResult<Response> {
-    caller.require(Permission::FetchSources)?;
     let digest = digest(&raw)?;
     if app.store.blob_size(digest.as_str()).await?.is_none() {
         return Err(ApiError::NotFound(format!(

@@ -3,7 +3,7 @@
 //! second as a safety net) until one does or `wait_ms` passes; and `POST /v1/calls`, which
 //! submits one call and waits for it the same way.
 
-use crate::auth::{Caller, Permission};
+use crate::auth::{Authorized, may};
 use crate::error::{ApiError, ApiResult};
 use crate::server::AppState;
 use axum::Json;
@@ -24,10 +24,9 @@ const SAFETY_RECHECK: Duration = Duration::from_secs(1);
 #[utoipa::path(post, path = "/v1/calls/results", request_body = CallResultsRequest, responses((status = 200, body = CallResults)))]
 pub async fn results(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ReadJobs>,
     Json(req): Json<CallResultsRequest>,
 ) -> ApiResult<Json<CallResults>> {
-    caller.require(Permission::ReadJobs)?;
     if req.jobs.len() > MAX_CALLS_PER_REQUEST {
         return Err(ApiError::BadRequest(format!(
             "ask about at most {MAX_CALLS_PER_REQUEST} calls at once, not {}",
@@ -46,11 +45,10 @@ pub async fn results(
 #[utoipa::path(post, path = "/v1/calls", request_body = CallRequest, responses((status = 200, body = CallAnswer), (status = 422, body = protocol::ErrorBody)))]
 pub async fn call(
     State(app): State<AppState>,
-    caller: Caller,
+    Authorized(caller, _): Authorized<may::SubmitJobs>,
     headers: HeaderMap,
     body: Result<Json<CallRequest>, JsonRejection>,
 ) -> ApiResult<Json<CallAnswer>> {
-    caller.require(Permission::SubmitJobs)?;
     let req = crate::jobs::json_body(body)?;
     if req.spec.call.is_none() {
         return Err(ApiError::BadRequest(

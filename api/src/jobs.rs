@@ -1,6 +1,6 @@
 //! Job endpoints for clients: submit, list, status, cancel, logs and outputs.
 
-use crate::auth::{Caller, Permission};
+use crate::auth::{Authorized, Caller, may};
 use crate::error::{ApiError, ApiResult};
 use crate::server::AppState;
 use axum::Json;
@@ -110,11 +110,10 @@ fn log_line(l: StoredLine) -> LogLine {
     responses((status = 200, body = JobView), (status = 400, body = protocol::ErrorBody)))]
 pub async fn submit(
     State(app): State<AppState>,
-    caller: Caller,
+    Authorized(caller, _): Authorized<may::SubmitJobs>,
     headers: HeaderMap,
     body: Result<Json<SubmitRequest>, JsonRejection>,
 ) -> ApiResult<Json<JobView>> {
-    caller.require(Permission::SubmitJobs)?;
     let req = json_body(body)?;
     let id = accept(&app, &caller, &headers, &req.spec).await?;
     Ok(Json(job_view(app.store.get_job(id).await?)))
@@ -170,11 +169,10 @@ pub const MAX_BATCH_JOBS: usize = 10_000;
               (status = 422, body = protocol::ErrorBody)))]
 pub async fn submit_batch(
     State(app): State<AppState>,
-    caller: Caller,
+    Authorized(caller, _): Authorized<may::SubmitJobs>,
     headers: HeaderMap,
     body: Result<Json<protocol::BatchSubmitRequest>, JsonRejection>,
 ) -> ApiResult<Json<protocol::BatchSubmitResponse>> {
-    caller.require(Permission::SubmitJobs)?;
     let req = json_body(body)?;
     if req.jobs.len() > MAX_BATCH_JOBS {
         return Err(ApiError::PayloadTooLarge(format!(
@@ -234,10 +232,9 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, body = JobList)))]
 pub async fn list(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ReadJobs>,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<JobList>> {
-    caller.require(Permission::ReadJobs)?;
     let state = q
         .state
         .as_deref()
@@ -268,10 +265,9 @@ fn job_id(raw: &str) -> ApiResult<i64> {
 #[utoipa::path(get, path = "/v1/jobs/{id}", responses((status = 200, body = JobView), (status = 404, body = protocol::ErrorBody)))]
 pub async fn status(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ReadJobs>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    caller.require(Permission::ReadJobs)?;
     let row = app.store.get_job(job_id(&id)?).await?;
     let pending = row.state == JobState::Pending;
     let spec = row.spec.clone();
@@ -297,10 +293,9 @@ pub async fn status(
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", responses((status = 200, body = CancelResponse)))]
 pub async fn cancel(
     State(app): State<AppState>,
-    caller: Caller,
+    Authorized(caller, _): Authorized<may::SubmitJobs>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<CancelResponse>> {
-    caller.require(Permission::SubmitJobs)?;
     let id = job_id(&id)?;
     let previous_state = app
         .store
@@ -334,11 +329,10 @@ pub struct FollowQuery {
 #[utoipa::path(get, path = "/v1/jobs/{id}/logs", params(LogsQuery), responses((status = 200, body = LogPage)))]
 pub async fn logs_page(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ReadJobs>,
     Path(id): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> ApiResult<Json<LogPage>> {
-    caller.require(Permission::ReadJobs)?;
     let id = job_id(&id)?;
     let job = app.store.get_job(id).await?;
     let after = q.after.as_deref().map(parse_after).transpose()?;
@@ -373,12 +367,11 @@ fn parse_after(s: &str) -> ApiResult<LogCursor> {
 #[utoipa::path(get, path = "/v1/jobs/{id}/logs/ws", params(FollowQuery), responses((status = 101, description = "websocket of LogStreamMessage frames")))]
 pub async fn logs_ws(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ReadJobs>,
     Path(id): Path<String>,
     Query(q): Query<FollowQuery>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
-    caller.require(Permission::ReadJobs)?;
     let id = job_id(&id)?;
     app.store.get_job(id).await?; // 404 before upgrading, not after
     Ok(ws.on_upgrade(move |socket| async move {
@@ -462,10 +455,9 @@ async fn follow_logs(
 #[utoipa::path(get, path = "/v1/jobs/{id}/outputs", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
 pub async fn download_outputs(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ReadJobs>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    caller.require(Permission::ReadJobs)?;
     let id = job_id(&id)?;
     let job = app.store.get_job(id).await?;
     if job.spec.layout.is_gang() && job.state.is_terminal() {

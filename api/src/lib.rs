@@ -27,6 +27,7 @@ pub mod openapi;
 pub mod placement;
 pub mod server;
 pub mod sweeper;
+pub mod tokens;
 pub mod worker_channel;
 
 pub use auth::{Caller, mint_secret};

@@ -8,7 +8,7 @@ use utoipa::OpenApi;
     info(
         title = "GPUlayer API",
         version = "1",
-        description = "Jobs, logs, outputs and the worker channel. Every call needs `Authorization: Bearer <token>`."
+        description = "Jobs, logs, outputs, tokens and the worker channel. Every call needs `Authorization: Bearer <token>`; what each role may call is in docs/security.md."
     ),
     paths(
         crate::jobs::submit,
@@ -22,6 +22,9 @@ use utoipa::OpenApi;
         crate::jobs::logs_page,
         crate::jobs::logs_ws,
         crate::jobs::download_outputs,
+        crate::tokens::create,
+        crate::tokens::list,
+        crate::tokens::revoke,
         crate::blobs::upload,
         crate::blobs::exists,
         crate::blobs::download,

@@ -1,7 +1,7 @@
 //! Placement questions answered from the database: who could run this job (at submit and in
 //! a dry run), and why a pending job still waits.
 
-use crate::auth::{Caller, Permission};
+use crate::auth::{Authorized, may};
 use crate::error::{ApiError, ApiResult};
 use crate::jobs::json_body;
 use crate::server::AppState;
@@ -175,10 +175,9 @@ pub(crate) async fn waiting(
 #[utoipa::path(post, path = "/v1/placement", request_body = SubmitRequest, responses((status = 200, body = PlacementReport), (status = 400, body = protocol::ErrorBody)))]
 pub async fn dry_run(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ReadJobs>,
     body: Result<Json<SubmitRequest>, JsonRejection>,
 ) -> ApiResult<Json<PlacementReport>> {
-    caller.require(Permission::ReadJobs)?;
     let req = json_body(body)?;
     req.spec
         .check()

@@ -41,6 +41,8 @@ pub struct AppState {
     pub hub: Hub,
     pub config: Arc<ServerConfig>,
     pub tokens: Arc<crate::auth::TokenCache>,
+    /// Recent refusals of unknown tokens (each makes the next one wait longer).
+    pub bad_tokens: Arc<crate::auth::BadTokens>,
     /// Workers' registration facts, read once per replica (they never change).
     pub worker_views: Arc<std::sync::Mutex<std::collections::HashMap<i64, scheduler::WorkerView>>>,
     /// Held polls that one notification woke take turns to claim (see [`WokenClaims`]).
@@ -60,6 +62,7 @@ impl AppState {
             objects,
             config: Arc::new(config),
             tokens: Arc::default(),
+            bad_tokens: Arc::default(),
             worker_views: Arc::default(),
             woken_claims: Arc::default(),
             gang_tries: Arc::default(),
@@ -85,6 +88,11 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/logs", get(jobs::logs_page))
         .route("/jobs/{id}/logs/ws", get(jobs::logs_ws))
         .route("/jobs/{id}/outputs", get(jobs::download_outputs))
+        .route(
+            "/tokens",
+            post(crate::tokens::create).get(crate::tokens::list),
+        )
+        .route("/tokens/{id}/revoke", post(crate::tokens::revoke))
         .route(
             "/blobs/{digest}",
             put(blobs::upload).head(blobs::exists).get(blobs::download),

@@ -7,7 +7,7 @@
 //! attempt)`; a mismatch is `409 lease_lost` (a refused end is listed in the answer's `lost`)
 //! and the worker kills that process group.
 
-use crate::auth::{Caller, Permission};
+use crate::auth::{Authorized, may};
 use crate::error::{ApiError, ApiResult};
 use crate::jobs::json_body;
 use crate::server::AppState;
@@ -54,10 +54,9 @@ fn worker_name_ok(name: &str) -> bool {
 #[utoipa::path(post, path = "/v1/workers", request_body = RegisterRequest, responses((status = 200, body = RegisterResponse)))]
 pub async fn register(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     body: Result<Json<RegisterRequest>, JsonRejection>,
 ) -> ApiResult<Json<RegisterResponse>> {
-    caller.require(Permission::ActAsWorker)?;
     let req = json_body(body)?;
     if !worker_name_ok(&req.name) {
         return Err(ApiError::BadRequest(format!(
@@ -90,8 +89,10 @@ pub async fn register(
 
 /// Workers, online first.
 #[utoipa::path(get, path = "/v1/workers", responses((status = 200, body = WorkerList)))]
-pub async fn list(State(app): State<AppState>, caller: Caller) -> ApiResult<Json<WorkerList>> {
-    caller.require(Permission::ReadJobs)?;
+pub async fn list(
+    State(app): State<AppState>,
+    _: Authorized<may::ReadJobs>,
+) -> ApiResult<Json<WorkerList>> {
     let workers = app
         .store
         .list_workers()
@@ -118,10 +119,9 @@ pub async fn list(State(app): State<AppState>, caller: Caller) -> ApiResult<Json
 #[utoipa::path(delete, path = "/v1/workers/{worker}", responses((status = 204)))]
 pub async fn deregister(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     Path(worker): Path<i64>,
 ) -> ApiResult<StatusCode> {
-    caller.require(Permission::ActAsWorker)?;
     app.store
         .deregister_worker(worker, "the worker shut down")
         .await?;
@@ -212,11 +212,10 @@ fn store_reports(reports: TaskReports) -> (Vec<StartReport>, Vec<FinishReport>) 
 #[utoipa::path(post, path = "/v1/workers/{worker}/poll", request_body = PollRequest, responses((status = 200, body = PollResponse), (status = 410, body = protocol::ErrorBody)))]
 pub async fn poll(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     Path(worker): Path<i64>,
     body: Result<Json<PollRequest>, JsonRejection>,
 ) -> ApiResult<Json<PollResponse>> {
-    caller.require(Permission::ActAsWorker)?;
     let req = json_body(body)?;
     if req.reports.started.len() + req.reports.finished.len() > MAX_REPORTS {
         return Err(ApiError::BadRequest(format!(
@@ -535,11 +534,10 @@ async fn shielded<T: Send + 'static>(
 #[utoipa::path(post, path = "/v1/workers/{worker}/heartbeat", request_body = HeartbeatRequest, responses((status = 200, body = PollResponse), (status = 410, body = protocol::ErrorBody)))]
 pub async fn heartbeat(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     Path(worker): Path<i64>,
     body: Result<Json<HeartbeatRequest>, JsonRejection>,
 ) -> ApiResult<Json<PollResponse>> {
-    caller.require(Permission::ActAsWorker)?;
     let req = json_body(body)?;
     app.store.heartbeat(worker).await?;
     let running: Vec<(i64, i32)> = req
@@ -558,11 +556,10 @@ pub async fn heartbeat(
 #[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", request_body = RendezvousPoint, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
 pub async fn set_rendezvous(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     Path((worker, task, attempt)): Path<(i64, i64, i32)>,
     body: Result<Json<RendezvousPoint>, JsonRejection>,
 ) -> ApiResult<StatusCode> {
-    caller.require(Permission::ActAsWorker)?;
     let point = json_body(body)?;
     if point.addr.is_empty() || point.addr.len() > 255 || point.port == 0 {
         return Err(ApiError::BadRequest(
@@ -587,10 +584,9 @@ const MAX_RENDEZVOUS_WAIT: Duration = Duration::from_secs(20);
 #[utoipa::path(get, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", responses((status = 200, body = RendezvousAnswer), (status = 409, body = protocol::ErrorBody)))]
 pub async fn rendezvous(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     Path((worker, task, attempt)): Path<(i64, i64, i32)>,
 ) -> ApiResult<Json<RendezvousAnswer>> {
-    caller.require(Permission::ActAsWorker)?;
     let deadline = Instant::now() + MAX_RENDEZVOUS_WAIT;
     let mut rx = app.hub.subscribe_jobs();
     loop {
@@ -616,11 +612,10 @@ pub async fn rendezvous(
 #[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/logs", request_body = LogBatch, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
 pub async fn append_logs(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     Path((worker, task, attempt)): Path<(i64, i64, i32)>,
     body: Result<Json<LogBatch>, JsonRejection>,
 ) -> ApiResult<StatusCode> {
-    caller.require(Permission::ActAsWorker)?;
     let batch = json_body(body)?;
     if batch.lines.len() > MAX_LOG_BATCH {
         return Err(ApiError::BadRequest(format!(
@@ -642,11 +637,10 @@ pub async fn append_logs(
 #[utoipa::path(put, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs", request_body(content = Vec<u8>, content_type = "application/gzip"), responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
 pub async fn upload_outputs(
     State(app): State<AppState>,
-    caller: Caller,
+    _: Authorized<may::ActAsWorker>,
     Path((worker, task, attempt)): Path<(i64, i64, i32)>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    caller.require(Permission::ActAsWorker)?;
     let job = app.store.check_lease(worker, task, attempt).await?;
     let key = format!("outputs/{job}/task-{task}-attempt-{attempt}.tar.gz");
     let (_, bytes) =

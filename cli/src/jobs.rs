@@ -91,6 +91,7 @@ pub(crate) async fn list(args: JobsArgs) -> Result<()> {
                 j.accelerator.to_string(),
                 worker_name(j),
                 table::ago(j.created_at),
+                j.submitted_by.clone().unwrap_or_else(|| "-".into()),
                 runtime(j),
                 j.exit_code
                     .map(|c| c.to_string())
@@ -109,6 +110,7 @@ pub(crate) async fn list(args: JobsArgs) -> Result<()> {
             "ACCEL",
             "WORKER",
             "SUBMITTED",
+            "BY",
             "RUNTIME",
             "EXIT",
             "COMMAND",

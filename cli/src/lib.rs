@@ -21,6 +21,7 @@ pub mod sdk;
 mod settings;
 mod submit;
 mod table;
+mod token;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -61,6 +62,8 @@ enum Command {
     Workers(jobs::WorkersArgs),
     /// Every worker's devices, frameworks and what is free; `resources detect` probes this machine.
     Resources(resources::ResourcesArgs),
+    /// Create, list and revoke tokens (admin tokens only).
+    Token(token::TokenArgs),
 }
 
 fn init_tracing(default: &str) {
@@ -132,6 +135,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
             Command::Cancel(a) => jobs::cancel(a).await,
             Command::Workers(a) => jobs::workers(a).await,
             Command::Resources(a) => resources::run(a).await,
+            Command::Token(a) => token::run(a).await,
         }
     });
     match result {

@@ -97,7 +97,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     let admin_token = if store.has_token_with_role(Role::Admin).await? {
         None
     } else {
-        let secret = api::mint_secret("glc_");
+        let secret = api::mint_secret(Role::Admin.secret_prefix());
         store.insert_token("admin", Role::Admin, &secret).await?;
         Some(secret)
     };
@@ -286,13 +286,13 @@ async fn join_token(store: &Store, data_dir: &Path) -> Result<String> {
     if let Ok(secret) = std::fs::read_to_string(&path) {
         let secret = secret.trim().to_string();
         if let Some(t) = store.find_token(&secret).await?
-            && t.role == Role::Join
+            && t.role == Role::Worker
         {
             return Ok(secret);
         }
     }
-    let secret = api::mint_secret("glj_");
-    store.insert_token("join", Role::Join, &secret).await?;
+    let secret = api::mint_secret(Role::Worker.secret_prefix());
+    store.insert_token("join", Role::Worker, &secret).await?;
     settings::write_private(&path, &secret)?;
     Ok(secret)
 }

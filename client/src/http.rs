@@ -336,6 +336,28 @@ impl Client {
         self.get_json(&path).await
     }
 
+    /// Creates a token (admin tokens only); the answer holds its secret, shown this once.
+    pub async fn create_token(
+        &self,
+        req: &protocol::CreateTokenRequest,
+    ) -> Result<protocol::CreatedToken, ClientError> {
+        // Not retried: a lost answer would leave a token nobody has the secret of.
+        self.post_json("/v1/tokens", req, false).await
+    }
+
+    pub async fn tokens(&self, all: bool) -> Result<protocol::TokenList, ClientError> {
+        self.get_json(&format!("/v1/tokens?all={all}")).await
+    }
+
+    pub async fn revoke_token(&self, id: i64) -> Result<protocol::TokenView, ClientError> {
+        self.post_json(
+            &format!("/v1/tokens/{id}/revoke"),
+            &serde_json::json!({}),
+            true,
+        )
+        .await
+    }
+
     pub async fn workers(&self) -> Result<WorkerList, ClientError> {
         self.get_json("/v1/workers").await
     }

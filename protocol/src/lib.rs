@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`jobs`] — submitting, listing, cancelling jobs; job views.
 //! - [`logs`] — log lines, pages and the websocket stream's messages.
+//! - [`tokens`] — creating, listing and revoking tokens.
 //! - [`workers`] — the worker channel: register, poll (with task reports), heartbeat, logs.
 //! - [`errors`] — the error body every non-2xx response carries.
 
@@ -13,6 +14,7 @@ pub mod calls;
 pub mod errors;
 pub mod jobs;
 pub mod logs;
+pub mod tokens;
 pub mod workers;
 
 pub use errors::{ErrorBody, ErrorCode};
@@ -21,6 +23,7 @@ pub use jobs::{
     PlacementReport, SubmitRequest, WorkerRef, WorkerVerdict,
 };
 pub use logs::{LogLine, LogPage, LogStreamMessage, Stream};
+pub use tokens::{CreateTokenRequest, CreatedToken, TokenList, TokenView};
 pub use workers::{
     Assignment, HeartbeatRequest, LogAppend, LogBatch, PollRequest, PollResponse, RegisterRequest,
     RegisterResponse, RendezvousAnswer, RendezvousPoint, StopOrder, StopWhy, TaskFinished,

@@ -42,7 +42,7 @@ pub use logs::{LogCursor, StoredLine};
 pub use poll::{PollRound, RoundOutcome};
 pub use queue::{Claimed, PollContext, StopReason};
 pub use reports::{Completion, FinishReport, StartReport};
-pub use tokens::{Role, TokenRow};
+pub use tokens::{Role, TokenInfo, TokenRow};
 pub use wakeups::{Channel, Wakeup};
 pub use workers::{LostWorker, NewWorker, WorkerRow};
 

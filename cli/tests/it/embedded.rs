@@ -81,7 +81,7 @@ async fn up_runs_its_own_postgres_and_keeps_jobs_across_a_crash_and_a_clean_stop
         first.ready["admin_token"]
             .as_str()
             .unwrap()
-            .starts_with("glc_")
+            .starts_with("gla_")
     );
     let join_token = first.ready["join_token"].as_str().unwrap().to_string();
     let config_file = config.join("gpulayer/config.toml");

@@ -277,12 +277,7 @@ async fn jobs_submitted_before_any_worker_joins_run_once_one_does() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_openapi_document_is_served_and_health_endpoints_answer() {
     let server = server(ServerOptions::default()).await;
-    let doc: serde_json::Value = reqwest::get(format!("{}/v1/openapi.json", server.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = crate::openapi(&server).await;
     let paths = doc["paths"].as_object().unwrap();
     for p in [
         "/v1/jobs",

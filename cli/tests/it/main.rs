@@ -10,6 +10,7 @@ mod jobs;
 mod placement;
 mod provisioners_local;
 mod s3;
+mod tokens;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +24,16 @@ pub(crate) fn bin() -> PathBuf {
 pub(crate) async fn server(options: ServerOptions) -> Server {
     let db = testkit::fresh_database().await;
     Server::start(&bin(), &db.url, options)
+}
+
+/// The server's OpenAPI document (served without a token).
+pub(crate) async fn openapi(server: &Server) -> serde_json::Value {
+    reqwest::get(format!("{}/v1/openapi.json", server.url))
+        .await
+        .expect("GET /v1/openapi.json")
+        .json()
+        .await
+        .expect("the OpenAPI document is JSON")
 }
 
 /// The repository root (for `examples/`).
