@@ -21,12 +21,18 @@ fn digest(raw: &str) -> ApiResult<Digest> {
     Digest::parse(raw).map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
+/// The most bytes one upload (a packed source, a task's packed outputs) may have.
+pub const MAX_UPLOAD_BYTES: u64 = 16 << 30;
+
 /// Streams a request body into the object store at `path`, returning (sha256 hex, bytes).
-/// Nothing is visible at `path` unless the whole body arrived.
+/// Nothing is visible at `path` unless the whole body arrived. Each chunk also goes to `tee`
+/// when given (a checker reading the upload as it arrives); when the checker stops reading
+/// (it found the upload bad), the upload stops.
 pub(crate) async fn store_stream(
     app: &AppState,
     path: &object_store::path::Path,
     body: Body,
+    tee: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
 ) -> ApiResult<(String, u64)> {
     let upload = app.objects.put_multipart(path).await?;
     let mut writer = WriteMultipart::new(upload);
@@ -45,6 +51,19 @@ pub(crate) async fn store_stream(
         };
         hasher.update(&chunk);
         bytes += chunk.len() as u64;
+        if bytes > MAX_UPLOAD_BYTES {
+            writer.abort().await.ok();
+            return Err(ApiError::PayloadTooLarge(format!(
+                "the upload is larger than {} GiB: keep datasets in object storage and read them from the job",
+                MAX_UPLOAD_BYTES >> 30
+            )));
+        }
+        if let Some(tx) = &tee
+            && tx.send(chunk.clone()).await.is_err()
+        {
+            writer.abort().await.ok();
+            return Err(ApiError::BadRequest("the upload was refused".into()));
+        }
         writer.write(&chunk);
     }
     writer.finish().await?;
@@ -71,7 +90,44 @@ pub async fn upload(
         digest.as_str(),
         crate::auth::mint_secret("")
     ));
-    let (actual, bytes) = store_stream(&app, &staging, body).await?;
+    // A source (a tar.gz: it starts with gzip's magic bytes) is checked as it arrives, by the
+    // rules the worker applies again when it unpacks; other blobs (pickled functions) are
+    // stored as they are and can never be a job's source.
+    let mut body = body.into_data_stream();
+    let first = match body.next().await {
+        Some(Ok(chunk)) => chunk,
+        Some(Err(e)) => {
+            return Err(ApiError::BadRequest(format!(
+                "the upload was interrupted: {e}"
+            )));
+        }
+        None => bytes::Bytes::new(),
+    };
+    let is_archive = first.starts_with(&[0x1f, 0x8b]);
+    let rest = Body::from_stream(
+        futures_util::stream::once(async move { Ok::<_, axum::Error>(first) }).chain(body),
+    );
+    let (tee, checked) = if is_archive {
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+        let check = tokio::task::spawn_blocking(move || {
+            archive::verify(ChannelReader::new(rx), archive::Limits::default())
+        });
+        (Some(tx), Some(check))
+    } else {
+        (None, None)
+    };
+    let stored = store_stream(&app, &staging, rest, tee).await;
+    if let Some(check) = checked {
+        // The checker's verdict comes first: it explains a stopped upload.
+        let verdict = check
+            .await
+            .map_err(|e| ApiError::Internal(format!("the source check panicked: {e}")))?;
+        if let Err(e) = verdict {
+            app.objects.delete(&staging).await.ok();
+            return Err(ApiError::BadRequest(format!("the source was refused: {e}")));
+        }
+    }
+    let (actual, bytes) = stored?;
     if actual != digest.as_str() {
         app.objects.delete(&staging).await.ok();
         return Err(ApiError::BadRequest(format!(
@@ -80,8 +136,40 @@ pub async fn upload(
         )));
     }
     app.objects.rename(&staging, &blob_path(&digest)).await?;
-    app.store.record_blob(digest.as_str(), bytes as i64).await?;
+    app.store
+        .record_blob(digest.as_str(), bytes as i64, is_archive)
+        .await?;
     Ok(StatusCode::CREATED)
+}
+
+/// The chunks of an upload as a blocking `Read`, for the archive check on its own thread.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    chunk: bytes::Bytes,
+}
+
+impl ChannelReader {
+    fn new(rx: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> Self {
+        ChannelReader {
+            rx,
+            chunk: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(next) => self.chunk = next,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk[..n]);
+        bytes::Buf::advance(&mut self.chunk, n);
+        Ok(n)
+    }
 }
 
 /// Whether a blob is stored (200) or not (404).

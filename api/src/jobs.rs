@@ -122,6 +122,23 @@ pub async fn submit(
 /// A submit's work: checks `spec`, then hands it straight to a waiting worker when one on
 /// this replica can start it now, else admits it (refused when nobody could ever run it)
 /// and queues it, waking the workers. The job's id.
+/// A job's source must be an uploaded archive the server checked (not, say, a pickled
+/// function uploaded as a blob).
+async fn check_source(app: &AppState, source: &domain::SourceRef, which: &str) -> ApiResult<()> {
+    match app.store.blob_is_source(source.digest.as_str()).await? {
+        Some(true) => Ok(()),
+        None => Err(ApiError::BadRequest(format!(
+            "{which}source {} has not been uploaded: PUT it to /v1/blobs/{} first",
+            source.digest.short(),
+            source.digest
+        ))),
+        Some(false) => Err(ApiError::BadRequest(format!(
+            "{which}blob {} is not a source archive (it was uploaded as other data): upload the packed source",
+            source.digest.short()
+        ))),
+    }
+}
+
 pub(crate) async fn accept(
     app: &AppState,
     caller: &Caller,
@@ -131,14 +148,7 @@ pub(crate) async fn accept(
     spec.check()
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if let Some(source) = &spec.source {
-        let stored = app.store.blob_size(source.digest.as_str()).await?;
-        if stored.is_none() {
-            return Err(ApiError::BadRequest(format!(
-                "source {} has not been uploaded: PUT it to /v1/blobs/{} first",
-                source.digest.short(),
-                source.digest
-            )));
-        }
+        check_source(app, source, "").await?;
     }
     let key = headers
         .get(protocol::IDEMPOTENCY_HEADER)
@@ -194,14 +204,8 @@ pub async fn submit_batch(
         .collect::<ApiResult<_>>()?;
     crate::placement::admit_batch(&app, &specs).await?;
     for (i, spec) in specs.iter().enumerate() {
-        if let Some(source) = &spec.source
-            && app.store.blob_size(source.digest.as_str()).await?.is_none()
-        {
-            return Err(ApiError::BadRequest(format!(
-                "job {}: source {} has not been uploaded",
-                i + 1,
-                source.digest.short()
-            )));
+        if let Some(source) = &spec.source {
+            check_source(&app, source, &format!("job {}: ", i + 1)).await?;
         }
     }
     let key = headers

@@ -643,9 +643,13 @@ pub async fn upload_outputs(
 ) -> ApiResult<StatusCode> {
     let job = app.store.check_lease(worker, task, attempt).await?;
     let key = format!("outputs/{job}/task-{task}-attempt-{attempt}.tar.gz");
-    let (_, bytes) =
-        crate::blobs::store_stream(&app, &object_store::path::Path::from(key.as_str()), body)
-            .await?;
+    let (_, bytes) = crate::blobs::store_stream(
+        &app,
+        &object_store::path::Path::from(key.as_str()),
+        body,
+        None,
+    )
+    .await?;
     app.store
         .set_outputs(worker, task, attempt, &key, bytes as i64)
         .await?;

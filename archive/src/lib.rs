@@ -23,7 +23,7 @@ pub use list::list_source_files;
 pub use merge::{merge_archives, merged_path};
 pub use outputs::collect_outputs;
 pub use pack::{PackSummary, pack_dir, pack_files};
-pub use unpack::unpack;
+pub use unpack::{Contents, Limits, unpack, verify};
 
 /// The sha256 of everything `input` yields, as lowercase hex — to verify uploads and downloads
 /// against a [`PackSummary::digest`].

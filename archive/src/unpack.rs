@@ -40,57 +40,19 @@ pub fn unpack(input: impl Read, dest: &Path) -> Result<Vec<PathBuf>, ArchiveErro
     archive.set_overwrite(true);
 
     let mut written = Vec::new();
+    let mut tally = Tally::new(Limits::default());
     let entries = archive.entries().map_err(corrupt)?;
     for entry in entries {
         let mut entry = entry.map_err(corrupt)?;
-        let raw = entry.path().map_err(corrupt)?.into_owned();
-        let kind = entry.header().entry_type();
-        let is_dir = kind.is_dir();
-        if kind == EntryType::XGlobalHeader {
-            // Metadata for the whole archive, not a file; tar tools skip it too.
+        let Some(Checked {
+            raw,
+            relative,
+            is_dir,
+            ..
+        }) = check_entry(&entry, &mut tally)?
+        else {
             continue;
-        }
-
-        let Some(relative) = clean_relative(&raw) else {
-            // A bare "./" directory entry names the destination itself: nothing to do.
-            if is_dir && !raw.as_os_str().is_empty() && raw.components().all(is_cur_dir) {
-                continue;
-            }
-            return Err(unsafe_entry(
-                &raw,
-                "its path is absolute, empty or climbs out with `..`".to_string(),
-            ));
         };
-
-        match kind {
-            EntryType::Regular | EntryType::Continuous | EntryType::Directory => {}
-            EntryType::Symlink => {
-                let target = entry
-                    .link_name()
-                    .map_err(corrupt)?
-                    .ok_or_else(|| {
-                        ArchiveError::Corrupt(format!("symlink {} has no target", raw.display()))
-                    })?
-                    .into_owned();
-                if !symlink_stays_inside(&relative, &target) {
-                    return Err(unsafe_entry(
-                        &raw,
-                        format!(
-                            "it is a symlink to {}, which points outside the destination",
-                            target.display()
-                        ),
-                    ));
-                }
-            }
-            other => {
-                return Err(unsafe_entry(
-                    &raw,
-                    format!(
-                        "it is a {other:?} entry, and only files, directories and symlinks are allowed"
-                    ),
-                ));
-            }
-        }
         refuse_symlinked_parents(dest, &relative, &raw)?;
 
         match entry.unpack_in(dest) {
@@ -125,6 +87,191 @@ pub fn unpack(input: impl Read, dest: &Path) -> Result<Vec<PathBuf>, ArchiveErro
 
     sort_bytewise(&mut written);
     Ok(written)
+}
+
+/// How much an archive may hold once unpacked: a source is code and small data (datasets
+/// belong in object storage), and a few hundred bytes of gzip can claim terabytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The most bytes its files may hold together.
+    pub max_bytes: u64,
+    /// The most entries (files, directories, symlinks) it may have.
+    pub max_entries: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bytes: 64 << 30,
+            max_entries: 1_000_000,
+        }
+    }
+}
+
+/// What an archive holds, as [`verify`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contents {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Checks a tar.gz without writing anything, by the rules [`unpack`] applies (the server runs
+/// it on every uploaded source, the worker applies the same rules again as it unpacks): no
+/// absolute path, no `..`, no symlink leaving the tree, no entry below a symlink of the
+/// archive, only files, directories and symlinks, within `limits`, and the gzip trailer
+/// intact. Answers how many files and bytes it holds.
+pub fn verify(input: impl Read, limits: Limits) -> Result<Contents, ArchiveError> {
+    let state = Rc::new(ReadState::default());
+    let reader = WatchedReader {
+        inner: GzDecoder::new(input),
+        state: Rc::clone(&state),
+    };
+    let mut archive = tar::Archive::new(reader);
+    let mut tally = Tally::new(limits);
+    // Symlinks seen so far: an entry below one would be written through it.
+    let mut links: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+    let entries = archive.entries().map_err(corrupt)?;
+    for entry in entries {
+        let entry = entry.map_err(corrupt)?;
+        let Some(checked) = check_entry(&entry, &mut tally)? else {
+            continue;
+        };
+        if let Some(link) = checked
+            .relative
+            .ancestors()
+            .skip(1)
+            .find(|a| links.contains(*a))
+        {
+            return Err(unsafe_entry(
+                &checked.raw,
+                format!("it would be written through the symlink {}", link.display()),
+            ));
+        }
+        if checked.is_symlink {
+            links.insert(checked.relative);
+        }
+    }
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink()).map_err(corrupt)?;
+    if state.bytes.get() == 0 {
+        return Err(ArchiveError::Corrupt("the input is empty".to_string()));
+    }
+    Ok(Contents {
+        files: tally.files,
+        bytes: tally.bytes,
+    })
+}
+
+/// Entries and bytes counted against the limits.
+struct Tally {
+    limits: Limits,
+    entries: u64,
+    files: u64,
+    bytes: u64,
+}
+
+impl Tally {
+    fn new(limits: Limits) -> Self {
+        Tally {
+            limits,
+            entries: 0,
+            files: 0,
+            bytes: 0,
+        }
+    }
+}
+
+/// An entry that passed the checks.
+struct Checked {
+    raw: PathBuf,
+    relative: PathBuf,
+    is_dir: bool,
+    is_symlink: bool,
+}
+
+/// The checks every entry passes before anything is written for it; None for entries that
+/// write nothing (a global header, the `./` directory).
+fn check_entry<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    tally: &mut Tally,
+) -> Result<Option<Checked>, ArchiveError> {
+    let raw = entry.path().map_err(corrupt)?.into_owned();
+    let kind = entry.header().entry_type();
+    let is_dir = kind.is_dir();
+    if kind == EntryType::XGlobalHeader {
+        // Metadata for the whole archive, not a file; tar tools skip it too.
+        return Ok(None);
+    }
+    let Some(relative) = clean_relative(&raw) else {
+        // A bare "./" directory entry names the destination itself: nothing to do.
+        if is_dir && !raw.as_os_str().is_empty() && raw.components().all(is_cur_dir) {
+            return Ok(None);
+        }
+        return Err(unsafe_entry(
+            &raw,
+            "its path is absolute, empty or climbs out with `..`".to_string(),
+        ));
+    };
+    match kind {
+        EntryType::Regular | EntryType::Continuous | EntryType::Directory => {}
+        EntryType::Symlink => {
+            let target = entry
+                .link_name()
+                .map_err(corrupt)?
+                .ok_or_else(|| {
+                    ArchiveError::Corrupt(format!("symlink {} has no target", raw.display()))
+                })?
+                .into_owned();
+            if !symlink_stays_inside(&relative, &target) {
+                return Err(unsafe_entry(
+                    &raw,
+                    format!(
+                        "it is a symlink to {}, which points outside the destination",
+                        target.display()
+                    ),
+                ));
+            }
+        }
+        other => {
+            return Err(unsafe_entry(
+                &raw,
+                format!(
+                    "it is a {other:?} entry, and only files, directories and symlinks are allowed"
+                ),
+            ));
+        }
+    }
+    tally.entries += 1;
+    if tally.entries > tally.limits.max_entries {
+        return Err(unsafe_entry(
+            &raw,
+            format!(
+                "the archive holds more than {} entries",
+                tally.limits.max_entries
+            ),
+        ));
+    }
+    if matches!(kind, EntryType::Regular | EntryType::Continuous) {
+        tally.files += 1;
+        tally.bytes = tally
+            .bytes
+            .saturating_add(entry.header().size().map_err(corrupt)?);
+        if tally.bytes > tally.limits.max_bytes {
+            return Err(unsafe_entry(
+                &raw,
+                format!(
+                    "the archive's files would hold more than {} bytes unpacked",
+                    tally.limits.max_bytes
+                ),
+            ));
+        }
+    }
+    Ok(Some(Checked {
+        raw,
+        relative,
+        is_dir,
+        is_symlink: kind == EntryType::Symlink,
+    }))
 }
 
 fn is_cur_dir(part: std::path::Component<'_>) -> bool {

@@ -49,6 +49,8 @@ pub enum Raw<'a> {
     Dir(&'a [u8]),
     Symlink(&'a [u8], &'a [u8]),
     HardLink(&'a [u8], &'a [u8]),
+    /// A character device (what `/dev/null` would be stored as).
+    Device(&'a [u8]),
 }
 
 /// Builds a tar.gz from raw entries, bypassing the path checks of `append_data`.
@@ -60,6 +62,7 @@ pub fn raw_targz(entries: &[Raw<'_>]) -> Vec<u8> {
             Raw::Dir(name) => (EntryType::Directory, name, b"", b""),
             Raw::Symlink(name, target) => (EntryType::Symlink, name, target, b""),
             Raw::HardLink(name, target) => (EntryType::Link, name, target, b""),
+            Raw::Device(name) => (EntryType::Char, name, b"", b""),
         };
         let mut header = Header::new_gnu();
         header.set_entry_type(kind);

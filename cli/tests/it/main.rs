@@ -6,10 +6,12 @@ mod batch;
 mod embedded;
 mod faults;
 mod gangs;
+mod hostile;
 mod jobs;
 mod placement;
 mod provisioners_local;
 mod s3;
+mod skill;
 mod tokens;
 
 use std::path::PathBuf;
