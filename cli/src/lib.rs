@@ -16,6 +16,7 @@
 mod jobs;
 mod join;
 mod logs;
+pub mod mcp;
 mod resources;
 pub mod sdk;
 mod settings;
@@ -64,6 +65,8 @@ enum Command {
     Resources(resources::ResourcesArgs),
     /// Create, list and revoke tokens (admin tokens only).
     Token(token::TokenArgs),
+    /// Serve GPUlayer's tools to a coding agent over MCP on stdio (`claude mcp add gpulayer -- gpulayer mcp`).
+    Mcp(mcp::McpArgs),
 }
 
 fn init_tracing(default: &str) {
@@ -136,6 +139,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
             Command::Workers(a) => jobs::workers(a).await,
             Command::Resources(a) => resources::run(a).await,
             Command::Token(a) => token::run(a).await,
+            Command::Mcp(a) => mcp::run(a).await,
         }
     });
     match result {

@@ -48,6 +48,11 @@ pub(crate) struct UpArgs {
     /// Print one JSON object (url, tokens, join command) once ready, instead of prose.
     #[arg(long)]
     json: bool,
+    /// A `Host` that `/mcp` accepts (repeatable; a name, or name:port) [default: loopback
+    /// and this server's own address]: MCP clients in browsers are kept from a DNS-rebinding
+    /// attack this way.
+    #[arg(long = "mcp-allowed-host", value_name = "HOST")]
+    mcp_allowed_hosts: Vec<String>,
 }
 
 /// Waits for Ctrl-C or SIGTERM.
@@ -178,7 +183,18 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     // The server stops after the worker: a worker leaving reports its last ends and
     // deregisters through it (else the server would take it for lost a lease later).
     let (server_stop_tx, mut server_stop) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(api::serve(listener, state, async move {
+    let mcp_hosts = if args.mcp_allowed_hosts.is_empty() {
+        vec![
+            "localhost".into(),
+            "127.0.0.1".into(),
+            "::1".into(),
+            public_addr(bound),
+        ]
+    } else {
+        args.mcp_allowed_hosts.clone()
+    };
+    let mcp = crate::mcp::http_service(url.clone(), mcp_hosts, state.clone());
+    let server = tokio::spawn(api::serve(listener, state, mcp, async move {
         let _ = server_stop.wait_for(|s| *s).await;
     }));
 
