@@ -71,7 +71,7 @@ pub(crate) async fn store_stream(
 }
 
 /// Upload a packed source under its sha256; the server checks the digest.
-#[utoipa::path(put, path = "/v1/blobs/{digest}", request_body(content = Vec<u8>, content_type = "application/gzip"),
+#[utoipa::path(put, path = "/v1/blobs/{digest}", params(("digest" = String, Path, description = "the blob's sha256, 64 lowercase hex digits")), request_body(content = Vec<u8>, content_type = "application/gzip"),
     responses((status = 201), (status = 400, body = protocol::ErrorBody)))]
 pub async fn upload(
     State(app): State<AppState>,
@@ -173,7 +173,7 @@ impl std::io::Read for ChannelReader {
 }
 
 /// Whether a blob is stored (200) or not (404).
-#[utoipa::path(head, path = "/v1/blobs/{digest}", responses((status = 200), (status = 404)))]
+#[utoipa::path(head, path = "/v1/blobs/{digest}", params(("digest" = String, Path, description = "the blob's sha256, 64 lowercase hex digits")), responses((status = 200), (status = 404)))]
 pub async fn exists(
     State(app): State<AppState>,
     _: Authorized<may::FetchSources>,
@@ -188,7 +188,7 @@ pub async fn exists(
 }
 
 /// Download a blob (workers fetch sources this way).
-#[utoipa::path(get, path = "/v1/blobs/{digest}", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/blobs/{digest}", params(("digest" = String, Path, description = "the blob's sha256, 64 lowercase hex digits")), responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody)))]
 pub async fn download(
     State(app): State<AppState>,
     _: Authorized<may::FetchSources>,

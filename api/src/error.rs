@@ -91,9 +91,23 @@ impl From<store::StoreError> for ApiError {
             S::Database(sqlx::Error::PoolTimedOut) => ApiError::Unavailable(
                 "the database is overloaded or unreachable; retry shortly".into(),
             ),
+            // Text PostgreSQL cannot hold (a NUL character, in a text column or as \u0000 in
+            // JSON): the request's fault, whichever field of it the check before missed.
+            S::Database(sqlx::Error::Database(d)) if unstorable_text(d.code().as_deref()) => {
+                ApiError::BadRequest(
+                    "the request holds a NUL character (\\0, \\u0000), which no text field may contain"
+                        .into(),
+                )
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }
+}
+
+/// SQLSTATEs of text the database cannot store: 22021 character_not_in_repertoire (a NUL in
+/// text), 22P05 untranslatable_character (`\u0000` in jsonb).
+fn unstorable_text(code: Option<&str>) -> bool {
+    matches!(code, Some("22021" | "22P05"))
 }
 
 impl From<object_store::Error> for ApiError {

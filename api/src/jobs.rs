@@ -266,7 +266,7 @@ fn job_id(raw: &str) -> ApiResult<i64> {
 }
 
 /// One job.
-#[utoipa::path(get, path = "/v1/jobs/{id}", responses((status = 200, body = JobView), (status = 404, body = protocol::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = i64, Path, description = "the job's id")), responses((status = 200, body = JobView), (status = 404, body = protocol::ErrorBody)))]
 pub async fn status(
     State(app): State<AppState>,
     _: Authorized<may::ReadJobs>,
@@ -294,7 +294,7 @@ pub async fn status(
 }
 
 /// Cancel a job: a pending job never starts; a running one's process group is killed.
-#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", responses((status = 200, body = CancelResponse)))]
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = i64, Path, description = "the job's id")), responses((status = 200, body = CancelResponse)))]
 pub async fn cancel(
     State(app): State<AppState>,
     Authorized(caller, _): Authorized<may::SubmitJobs>,
@@ -330,7 +330,7 @@ pub struct FollowQuery {
 }
 
 /// A page of a job's log lines so far.
-#[utoipa::path(get, path = "/v1/jobs/{id}/logs", params(LogsQuery), responses((status = 200, body = LogPage)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs", params(("id" = i64, Path, description = "the job's id"), LogsQuery), responses((status = 200, body = LogPage)))]
 pub async fn logs_page(
     State(app): State<AppState>,
     _: Authorized<may::ReadJobs>,
@@ -368,7 +368,7 @@ fn parse_after(s: &str) -> ApiResult<LogCursor> {
 
 /// Streams a job's log lines over a websocket (JSON text frames of `LogStreamMessage`): every
 /// line stored so far, then new lines as they are stored, then `end` when the job is done.
-#[utoipa::path(get, path = "/v1/jobs/{id}/logs/ws", params(FollowQuery), responses((status = 101, description = "websocket of LogStreamMessage frames")))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs/ws", params(("id" = i64, Path, description = "the job's id"), FollowQuery), responses((status = 101, description = "websocket of LogStreamMessage frames")))]
 pub async fn logs_ws(
     State(app): State<AppState>,
     _: Authorized<may::ReadJobs>,
@@ -456,7 +456,7 @@ async fn follow_logs(
 }
 
 /// The job's packed outputs (`.tar.gz`).
-#[utoipa::path(get, path = "/v1/jobs/{id}/outputs", responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/outputs", params(("id" = i64, Path, description = "the job's id")), responses((status = 200, content_type = "application/gzip"), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
 pub async fn download_outputs(
     State(app): State<AppState>,
     _: Authorized<may::ReadJobs>,

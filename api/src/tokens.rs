@@ -114,7 +114,7 @@ pub async fn list(
 
 /// Revoke a token (admin only): refused from then on — at once on this replica, within
 /// seconds on the others (each trusts a verified token for a few seconds).
-#[utoipa::path(post, path = "/v1/tokens/{id}/revoke", responses((status = 200, body = TokenView)))]
+#[utoipa::path(post, path = "/v1/tokens/{id}/revoke", params(("id" = i64, Path, description = "the token's id")), responses((status = 200, body = TokenView)))]
 pub async fn revoke(
     State(app): State<AppState>,
     Authorized(caller, _): Authorized<may::ManageTokens>,

@@ -116,7 +116,7 @@ pub async fn list(
 }
 
 /// A worker leaving on purpose; its unfinished tasks fail at once.
-#[utoipa::path(delete, path = "/v1/workers/{worker}", responses((status = 204)))]
+#[utoipa::path(delete, path = "/v1/workers/{worker}", params(("worker" = i64, Path, description = "the worker's id, as registering gave it")), responses((status = 204)))]
 pub async fn deregister(
     State(app): State<AppState>,
     _: Authorized<may::ActAsWorker>,
@@ -209,7 +209,7 @@ fn store_reports(reports: TaskReports) -> (Vec<StartReport>, Vec<FinishReport>) 
 
 /// The long poll: records the reported starts and ends, then answers with new work for the
 /// free slots and stop orders for running tasks.
-#[utoipa::path(post, path = "/v1/workers/{worker}/poll", request_body = PollRequest, responses((status = 200, body = PollResponse), (status = 410, body = protocol::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/workers/{worker}/poll", params(("worker" = i64, Path, description = "the worker's id, as registering gave it")), request_body = PollRequest, responses((status = 200, body = PollResponse), (status = 410, body = protocol::ErrorBody)))]
 pub async fn poll(
     State(app): State<AppState>,
     _: Authorized<may::ActAsWorker>,
@@ -531,7 +531,7 @@ async fn shielded<T: Send + 'static>(
 }
 
 /// Keeps the worker's lease; answers stop orders for tasks it must kill.
-#[utoipa::path(post, path = "/v1/workers/{worker}/heartbeat", request_body = HeartbeatRequest, responses((status = 200, body = PollResponse), (status = 410, body = protocol::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/workers/{worker}/heartbeat", params(("worker" = i64, Path, description = "the worker's id, as registering gave it")), request_body = HeartbeatRequest, responses((status = 200, body = PollResponse), (status = 410, body = protocol::ErrorBody)))]
 pub async fn heartbeat(
     State(app): State<AppState>,
     _: Authorized<may::ActAsWorker>,
@@ -553,7 +553,7 @@ pub async fn heartbeat(
 }
 
 /// Node 0 of a distributed job says where its processes meet.
-#[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", request_body = RendezvousPoint, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", params(("worker" = i64, Path, description = "the worker's id, as registering gave it"), ("task" = i64, Path, description = "the task's id"), ("attempt" = i32, Path, description = "the task's attempt")), request_body = RendezvousPoint, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
 pub async fn set_rendezvous(
     State(app): State<AppState>,
     _: Authorized<may::ActAsWorker>,
@@ -581,7 +581,7 @@ const MAX_RENDEZVOUS_WAIT: Duration = Duration::from_secs(20);
 
 /// Where the other nodes of a distributed job meet node 0: answered as soon as node 0 has
 /// said (woken by NOTIFY), or with nothing after a while (ask again).
-#[utoipa::path(get, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", responses((status = 200, body = RendezvousAnswer), (status = 409, body = protocol::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/rendezvous", params(("worker" = i64, Path, description = "the worker's id, as registering gave it"), ("task" = i64, Path, description = "the task's id"), ("attempt" = i32, Path, description = "the task's attempt")), responses((status = 200, body = RendezvousAnswer), (status = 409, body = protocol::ErrorBody)))]
 pub async fn rendezvous(
     State(app): State<AppState>,
     _: Authorized<may::ActAsWorker>,
@@ -609,7 +609,7 @@ pub async fn rendezvous(
 }
 
 /// Appends log lines (idempotent by `seq`).
-#[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/logs", request_body = LogBatch, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/logs", params(("worker" = i64, Path, description = "the worker's id, as registering gave it"), ("task" = i64, Path, description = "the task's id"), ("attempt" = i32, Path, description = "the task's attempt")), request_body = LogBatch, responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
 pub async fn append_logs(
     State(app): State<AppState>,
     _: Authorized<may::ActAsWorker>,
@@ -634,7 +634,7 @@ pub async fn append_logs(
 }
 
 /// Uploads the task's packed outputs (`.tar.gz`).
-#[utoipa::path(put, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs", request_body(content = Vec<u8>, content_type = "application/gzip"), responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
+#[utoipa::path(put, path = "/v1/workers/{worker}/tasks/{task}/attempts/{attempt}/outputs", params(("worker" = i64, Path, description = "the worker's id, as registering gave it"), ("task" = i64, Path, description = "the task's id"), ("attempt" = i32, Path, description = "the task's attempt")), request_body(content = Vec<u8>, content_type = "application/gzip"), responses((status = 204), (status = 409, body = protocol::ErrorBody)))]
 pub async fn upload_outputs(
     State(app): State<AppState>,
     _: Authorized<may::ActAsWorker>,

@@ -129,6 +129,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             "admin_token": admin_token,
             "join_token": join_token,
             "join_command": join_command,
+            "mcp_url": format!("{url}/mcp"),
             "config_path": config_path,
             "data_dir": data_dir,
         });
@@ -146,6 +147,9 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             ),
         }
         println!("join a worker with:\n  {join_command}");
+        println!(
+            "MCP for coding agents: {url}/mcp (or `gpulayer mcp` on stdio; see docs/agents.md)"
+        );
     }
 
     let config = api::ServerConfig {

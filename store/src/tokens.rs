@@ -162,9 +162,25 @@ impl Store {
         rows.iter().map(info).collect()
     }
 
-    /// Revokes the token `id`; the token as it is now (None: there is no such token). A
-    /// token revoked already keeps its first revocation time.
+    /// Revokes the token `id`; the token as it is now (None: there is no such token;
+    /// `Conflict` when it is the only live admin token, whose loss would leave nobody able
+    /// to manage tokens). A token revoked already keeps its first revocation time.
     pub async fn revoke_token(&self, id: i64) -> Result<Option<TokenInfo>> {
+        let mut tx = self.pool().begin().await?;
+        // The live admin tokens, locked: two revocations at once cannot both take the other
+        // for the one that remains.
+        let admins: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM tokens WHERE role = 'admin' AND revoked_at IS NULL
+               AND (expires_at IS NULL OR expires_at > now())
+             ORDER BY id FOR UPDATE",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if admins == [id] {
+            return Err(crate::StoreError::Conflict(format!(
+                "token {id} is the last live admin token, and nobody could manage tokens without it: create another admin token first"
+            )));
+        }
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "WITH t AS (
                  UPDATE tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
@@ -172,8 +188,9 @@ impl Store {
              SELECT {INFO_COLUMNS} FROM t LEFT JOIN tokens c ON c.id = t.created_by"
         )))
         .bind(id)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         row.as_ref().map(info).transpose()
     }
 

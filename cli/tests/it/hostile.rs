@@ -129,3 +129,38 @@ async fn crafted_source_archives_are_refused_at_upload_and_a_non_archive_is_neve
     let (status, message) = submit(sha256(&good), good.len()).await;
     assert_eq!(status, 200, "{message}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn text_with_a_nul_character_is_refused_as_bad_input_not_a_server_error() {
+    // Found by the API fuzz run: PostgreSQL stores no NUL in text or jsonb.
+    let server = server(ServerOptions::default()).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: serde_json::Value| {
+        http.post(format!("{}{path}", server.url))
+            .bearer_auth(&server.admin_token)
+            .json(&body)
+            .send()
+    };
+    for spec in [
+        serde_json::json!({"command": ["echo", "a\u{0}b"], "accelerator": "cpu"}),
+        serde_json::json!({"command": ["true"], "accelerator": "cpu", "name": "n\u{0}"}),
+        serde_json::json!({"command": ["true"], "accelerator": "cpu",
+                           "env": [{"name": "K", "value": "v\u{0}"}]}),
+    ] {
+        let resp = post("/v1/jobs", serde_json::json!({ "spec": spec }))
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 400, "{spec}: {text}");
+    }
+    let resp = post(
+        "/v1/workers/1/tasks/1/attempts/1/rendezvous",
+        serde_json::json!({"addr": "\u{0}", "port": 1}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("NUL character"), "{text}");
+}

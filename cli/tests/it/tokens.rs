@@ -295,6 +295,11 @@ async fn tokens_are_created_listed_and_revoked_and_jobs_name_theirs() {
             vec!["token", "revoke", "424242"],
             "there is no token 424242",
         ),
+        // The only admin token cannot go: nobody could manage tokens after it.
+        (
+            vec!["token", "revoke", "admin"],
+            "is the last live admin token",
+        ),
     ] {
         let out = admin.run(&args);
         assert_ne!(out.code, 0, "{args:?}");
