@@ -110,7 +110,13 @@ pub async fn upload(
     let (tee, checked) = if is_archive {
         let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
         let check = tokio::task::spawn_blocking(move || {
-            archive::verify(ChannelReader::new(rx), archive::Limits::default())
+            let mut upload = ChannelReader::new(rx);
+            let verdict = archive::verify(&mut upload, archive::Limits::default());
+            if verdict.is_ok() {
+                // Bytes after the archive's end (trailing padding) are stored, not refused.
+                std::io::copy(&mut upload, &mut std::io::sink()).ok();
+            }
+            verdict
         });
         (Some(tx), Some(check))
     } else {

@@ -101,6 +101,9 @@ async fn crafted_source_archives_are_refused_at_upload_and_a_non_archive_is_neve
     // functions are), but a job naming it as its source is refused.
     let good = crafted(&[(Regular, "run.sh", "", b"echo hi\n")]);
     assert_eq!(put(good.clone()).await.0, 201);
+    // Padding after the gzip stream (some tools write it) is stored with the archive.
+    let padded = [good.clone(), vec![0u8; 1 << 20]].concat();
+    assert_eq!(put(padded).await.0, 201);
     let opaque = b"\x80\x05 a pickled function".to_vec();
     assert_eq!(put(opaque.clone()).await.0, 201);
     let submit = |digest: String, bytes: usize| {
