@@ -23,6 +23,7 @@ pub mod error;
 pub mod handoff;
 pub mod hub;
 pub mod jobs;
+pub mod names;
 pub mod openapi;
 pub mod placement;
 pub mod server;

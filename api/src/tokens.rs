@@ -9,28 +9,6 @@ use protocol::{CreateTokenRequest, CreatedToken, TokenList, TokenView};
 use serde::Deserialize;
 use store::{Role, TokenInfo};
 
-/// The longest a token name may be.
-const MAX_NAME: usize = 64;
-
-/// A token's name: what it is for, shown on the jobs it submits and in `token list`.
-pub fn check_token_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME {
-        return Err(format!(
-            "a token name is 1 to {MAX_NAME} characters, not {}",
-            name.len()
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(format!(
-            "a token name may hold letters, digits, '.', '_' and '-', not {c:?}"
-        ));
-    }
-    Ok(())
-}
-
 fn view(t: TokenInfo) -> TokenView {
     let state = if t.revoked_at.is_some() {
         "revoked"
@@ -60,7 +38,7 @@ pub async fn create(
     Authorized(caller, _): Authorized<may::ManageTokens>,
     Json(req): Json<CreateTokenRequest>,
 ) -> ApiResult<Json<CreatedToken>> {
-    check_token_name(&req.name).map_err(ApiError::BadRequest)?;
+    crate::names::check_plain_name("token", &req.name).map_err(ApiError::BadRequest)?;
     let role = Role::parse(&req.role).ok_or_else(|| {
         ApiError::BadRequest(format!(
             "unknown role '{}': use admin, submitter, read-only or worker",
@@ -131,32 +109,4 @@ pub async fn revoke(
     app.tokens.forget(id);
     tracing::info!(id, name = %token.name, by = %caller.name, "token revoked");
     Ok(Json(view(token)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_names_are_short_plain_words() {
-        for ok in [
-            "ci",
-            "claude-code",
-            "alice.laptop",
-            "a_b-1",
-            &"x".repeat(64),
-        ] {
-            assert_eq!(check_token_name(ok), Ok(()), "{ok}");
-        }
-        for (bad, why) in [
-            ("", "1 to 64 characters, not 0"),
-            (&"x".repeat(65), "1 to 64 characters, not 65"),
-            ("two words", "not ' '"),
-            ("semi;colon", "not ';'"),
-            ("naïve", "not 'ï'"),
-        ] {
-            let err = check_token_name(bad).unwrap_err();
-            assert!(err.contains(why), "{bad}: {err}");
-        }
-    }
 }

@@ -42,14 +42,6 @@ const MAX_LOG_BATCH: usize = 5000;
 /// Most reports (starts plus ends) in one poll; a worker has one per task it runs.
 const MAX_REPORTS: usize = 10_000;
 
-fn worker_name_ok(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-}
-
 /// Register a worker (join token).
 #[utoipa::path(post, path = "/v1/workers", request_body = RegisterRequest, responses((status = 200, body = RegisterResponse)))]
 pub async fn register(
@@ -58,12 +50,7 @@ pub async fn register(
     body: Result<Json<RegisterRequest>, JsonRejection>,
 ) -> ApiResult<Json<RegisterResponse>> {
     let req = json_body(body)?;
-    if !worker_name_ok(&req.name) {
-        return Err(ApiError::BadRequest(format!(
-            "worker name '{}' must be 1-64 letters, digits, '-', '_' or '.'",
-            req.name
-        )));
-    }
+    crate::names::check_plain_name("worker", &req.name).map_err(ApiError::BadRequest)?;
     if req.slots == 0 {
         return Err(ApiError::BadRequest(
             "a worker needs at least 1 slot".into(),

@@ -134,14 +134,17 @@ fn json(value: impl serde::Serialize) -> Result<CallToolResult, ErrorData> {
 
 /// A failure the agent should read (and act on), not a protocol error.
 fn failed(e: anyhow::Error) -> Result<CallToolResult, ErrorData> {
-    // An unplaceable job's per-worker table is the useful part: keep it whole.
     let text = match e.downcast_ref::<sdk::ClientError>() {
-        Some(sdk::ClientError::Unplaceable(report)) => {
-            format!("scheduling: no eligible worker\n{}", report.table)
-        }
+        Some(sdk::ClientError::Unplaceable(report)) => unplaceable(report),
         _ => sdk::explain(&e),
     };
     Ok(CallToolResult::error(vec![ContentBlock::text(text)]))
+}
+
+/// No worker could ever run the job: every worker's reason, as `gpulayer submit` prints it
+/// (the whole table is the useful part).
+fn unplaceable(report: &protocol::PlacementReport) -> String {
+    format!("scheduling: no eligible worker\n{}", report.table)
 }
 
 macro_rules! attempt {
@@ -250,15 +253,15 @@ impl GpulayerMcp {
         args.push("--".into());
         args.extend(a.command);
         let mut spec = attempt!(sdk::spec_from_args(&args));
-        // Refused before anything is uploaded when no worker could ever run it.
-        let report = attempt!(sdk::placement(&client, &spec).await);
-        if !report.verdicts.is_empty() && report.eligible_workers == 0 {
-            return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-                "scheduling: no eligible worker\n{}",
-                report.table
-            ))]));
-        }
         if let Some(dir) = a.directory {
+            // Before a source is uploaded: could any worker ever run the job? (The submit
+            // answers that too, but only after the upload.)
+            let report = attempt!(sdk::placement(&client, &spec).await);
+            if !report.verdicts.is_empty() && report.eligible_workers == 0 {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(
+                    unplaceable(&report),
+                )]));
+            }
             spec.source = Some(attempt!(
                 sdk::ship_source(&client, &PathBuf::from(dir)).await
             ));

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 #: Set in the processes this module started: their rank. Its absence marks the first process.
 RANK_ENV = "GPULAYER_TRAINER_RANK"
@@ -22,7 +22,8 @@ class Ranks:
     """This process's place in the run, and (in a node's first process) the others it started."""
 
     def __init__(
-        self, rank: int, world: int, local_rank: int, per_node: int, children: List[subprocess.Popen]
+        self, rank: int, world: int, local_rank: int, per_node: int,
+        children: List[Tuple[int, subprocess.Popen]],
     ) -> None:
         self.rank = rank
         self.world = world
@@ -30,6 +31,7 @@ class Ranks:
         #: Ranks per node: the run's ranks are numbered node by node (node n holds
         #: n*per_node .. (n+1)*per_node-1), as torchrun and GPUlayer's gang jobs number them.
         self.per_node = per_node
+        #: The ranks this process started: (global rank, process).
         self.children = children
 
     @property
@@ -47,19 +49,19 @@ class Ranks:
     def wait_for_the_others(self) -> Optional[str]:
         """In a node's first process: waits for the ranks it started; what went wrong, if any."""
         failed = []
-        for child in self.children:
+        for rank, child in self.children:
             code = child.wait()
             if code != 0:
-                failed.append(f"rank {child.args_rank} exited with code {code}")  # type: ignore[attr-defined]
+                failed.append(f"rank {rank} exited with code {code}")
         return "; ".join(failed) or None
 
     def stop_the_others(self) -> None:
         """In a node's first process that failed: the ranks it started would wait for it in
         their next collective until its timeout; they stop now."""
-        for child in self.children:
+        for _, child in self.children:
             if child.poll() is None:
                 child.terminate()
-        for child in self.children:
+        for _, child in self.children:
             try:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -170,9 +172,7 @@ def _start_node(devices: int, num_nodes: int, node: int, base: Dict[str, str]) -
         argv = _script_argv()
         for local in range(1, devices):
             env = dict(base, **_rank_env(first + local, local, world, devices, node))
-            child = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
-            child.args_rank = first + local  # type: ignore[attr-defined]
-            children.append(child)
+            children.append((first + local, subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)))
     for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         if k in base:
             os.environ[k] = base[k]
