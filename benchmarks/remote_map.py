@@ -53,7 +53,7 @@ class GpulayerFleet:
         ready = json.loads(self.up.stdout.readline())
         import gpulayer as gl
 
-        gl.connect(ready["url"], ready["admin_token"])
+        gl.connect(ready["url"], ready["admin_token"], ready.get("fingerprint"))
         deadline = time.time() + 60
         while True:
             try:

@@ -80,6 +80,9 @@ class Fleet:
         )
         ready = json.loads(self.up.stdout.readline())
         self.url, self.join_token = ready["url"], ready["join_token"]
+        # Workers and CLI runs pin the server's self-signed certificate.
+        if ready.get("fingerprint"):
+            self.env["GPULAYER_FINGERPRINT"] = ready["fingerprint"]
         inventory = os.path.join(self.home, "inventory.json")
         with open(inventory, "w") as f:
             json.dump({"hostname": "sim", "os": "linux", "arch": "x86_64", "cpus": slots,

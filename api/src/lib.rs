@@ -15,6 +15,7 @@
 //!   (a shortcut past the notification; what it assigns is in the database first).
 //! - [`sweeper`] — the leader election loop and the rescue of lost workers.
 //! - [`openapi`] — the generated OpenAPI document.
+//! - [`tls`] — the HTTPS listener and the server's TLS settings.
 
 pub mod auth;
 pub mod blobs;
@@ -28,6 +29,7 @@ pub mod openapi;
 pub mod placement;
 pub mod server;
 pub mod sweeper;
+pub mod tls;
 pub mod tokens;
 pub mod worker_channel;
 

@@ -143,12 +143,16 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
 
 /// Serves the API on `listener` until `shutdown` resolves, running the leader loop beside it;
 /// `extra` routes (the MCP endpoint, which lives with the CLI's operations) are served too.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
+pub async fn serve<L>(
+    listener: L,
     state: AppState,
     extra: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
     let result = axum::serve(listener, router(state).merge(extra))
         .with_graceful_shutdown(shutdown)

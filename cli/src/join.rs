@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub(crate) struct JoinArgs {
-    /// The server's URL, as `gpulayer up` printed it.
+    /// The server's URL, as `gpulayer up` printed it (with its --fingerprint, the
+    /// certificate the server must present).
     url: String,
     /// The join token (glj_...) that `gpulayer up` printed.
     #[arg(long, env = "GPULAYER_JOIN_TOKEN", hide_env_values = true)]
@@ -98,9 +99,16 @@ pub(crate) async fn run(args: JoinArgs) -> Result<()> {
             }
         }
     });
+    let fingerprint = crate::settings::fingerprint_setting(None)?;
+    if fingerprint.is_none() && args.url.starts_with("https://") {
+        tracing::info!(
+            "no --fingerprint given: the server's certificate must be one this system trusts"
+        );
+    }
     let config = worker::WorkerConfig {
         url: args.url,
         token: args.token,
+        fingerprint,
         name,
         labels,
         slots: args.slots,

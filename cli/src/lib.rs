@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! - [`settings`] — where the server URL and token come from (env, then config file).
-//! - [`up`], [`join`]: the server and worker processes.
+//! - [`up`], [`join`]: the server and worker processes; [`certificate`] — the server's TLS
+//!   certificate.
 //! - [`submit`] — packing a source and submitting a job.
 //! - [`jobs`] — jobs, status, wait, cancel, download, workers.
 //! - [`resources`] — what workers (or this machine) have.
@@ -13,6 +14,7 @@
 //! - [`table`] — human output.
 //! - [`sdk`] — the same operations for the Python package, without printing.
 
+mod certificate;
 mod jobs;
 mod join;
 mod logs;
@@ -37,6 +39,11 @@ use std::ffi::OsString;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Trust only a server presenting the certificate with this fingerprint (the sha256:...
+    /// `gpulayer up` printed) [env: GPULAYER_FINGERPRINT; else `fingerprint` in the config
+    /// file].
+    #[arg(long, global = true, value_name = "sha256:HEX")]
+    fingerprint: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,11 +109,16 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
             return e.exit_code().clamp(0, 255) as u8;
         }
     };
+    if let Some(f) = &cli.fingerprint {
+        settings::set_fingerprint_flag(f);
+    }
     let server_side = matches!(cli.command, Command::Up(_) | Command::Join(_));
+    // The platform verifier logs each certificate it refuses as an error of its own; the
+    // refusal reaches the user once, as our one-line error.
     init_tracing(if server_side {
-        "info,sqlx=warn,tower_http=warn"
+        "info,sqlx=warn,tower_http=warn,rustls_platform_verifier=off"
     } else {
-        "warn"
+        "warn,rustls_platform_verifier=off"
     });
     // A worker waits on the network and its children; one thread serves it with fewer
     // wake-ups across threads (it matters when many workers share a machine). The server and

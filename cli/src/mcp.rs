@@ -38,7 +38,10 @@ enum Access {
     /// The stdio server: one client, from GPULAYER_URL / GPULAYER_TOKEN or the config file.
     Fixed(sdk::Client),
     /// `/mcp` on a replica: a client of this replica with the request's own bearer token.
-    PerRequest { api_url: String },
+    PerRequest {
+        api_url: String,
+        pin: Option<client::Fingerprint>,
+    },
 }
 
 #[derive(Clone)]
@@ -176,14 +179,14 @@ impl GpulayerMcp {
     fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<sdk::Client> {
         match &self.access {
             Access::Fixed(c) => Ok(c.clone()),
-            Access::PerRequest { api_url } => {
+            Access::PerRequest { api_url, pin } => {
                 let parts = ctx
                     .extensions
                     .get::<http::request::Parts>()
                     .ok_or_else(|| anyhow::anyhow!("no HTTP request behind this call"))?;
                 let token = bearer(&parts.headers)
                     .ok_or_else(|| anyhow::anyhow!("missing bearer token"))?;
-                Ok(sdk::Client::new(api_url, Some(token))?)
+                Ok(sdk::Client::pinned(api_url, Some(token), *pin)?)
             }
         }
     }
@@ -450,6 +453,7 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
 /// (checked before MCP sees it), `Host` limited to `allowed_hosts`.
 pub fn http_service(
     api_url: String,
+    pin: Option<client::Fingerprint>,
     allowed_hosts: Vec<String>,
     state: api::server::AppState,
 ) -> axum::Router {
@@ -464,6 +468,7 @@ pub fn http_service(
             Ok(GpulayerMcp::new(
                 Access::PerRequest {
                     api_url: api_url.clone(),
+                    pin,
                 },
                 false,
             ))

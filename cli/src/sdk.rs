@@ -11,10 +11,14 @@ use std::time::Duration;
 
 pub use client::{Client, ClientError};
 
-/// A client for `url` with `token`, each defaulting as the CLI's do (environment, then the
-/// config file `gpulayer up` wrote).
-pub fn connect(url: Option<&str>, token: Option<&str>) -> Result<Client> {
-    crate::settings::client_with(url, token)
+/// A client for `url` with `token`, pinning the server's certificate `fingerprint`, each
+/// defaulting as the CLI's do (environment, then the config file `gpulayer up` wrote).
+pub fn connect(
+    url: Option<&str>,
+    token: Option<&str>,
+    fingerprint: Option<&str>,
+) -> Result<Client> {
+    crate::settings::client_with(url, token, fingerprint)
 }
 
 /// The one-line message the CLI would print for `e`.

@@ -1,8 +1,9 @@
-//! Client settings: `GPULAYER_URL` / `GPULAYER_TOKEN` first, then the config file that
-//! `gpulayer up` writes (`$XDG_CONFIG_HOME/gpulayer/config.toml`, mode 0600).
+//! Client settings: `GPULAYER_URL` / `GPULAYER_TOKEN` / `GPULAYER_FINGERPRINT` (or
+//! `--fingerprint`) first, then the config file that `gpulayer up` writes
+//! (`$XDG_CONFIG_HOME/gpulayer/config.toml`, mode 0600).
 
 use anyhow::{Context, Result, anyhow};
-use client::{Client, ClientError};
+use client::{Client, ClientError, Fingerprint};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -11,10 +12,34 @@ use std::sync::OnceLock;
 pub(crate) struct ConfigFile {
     pub url: Option<String>,
     pub token: Option<String>,
+    /// The sha256 fingerprint of the certificate the server at `url` presents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 /// Where the token in use came from, to name it when the server rejects it.
 static TOKEN_SOURCE: OnceLock<String> = OnceLock::new();
+/// The `--fingerprint` given on the command line.
+static FINGERPRINT_FLAG: OnceLock<String> = OnceLock::new();
+
+/// Records the command line's `--fingerprint`, which comes before every other setting.
+pub(crate) fn set_fingerprint_flag(fingerprint: &str) {
+    let _ = FINGERPRINT_FLAG.set(fingerprint.to_string());
+}
+
+/// The fingerprint to pin: `given`, else `--fingerprint`, else `GPULAYER_FINGERPRINT`.
+pub(crate) fn fingerprint_setting(given: Option<&str>) -> Result<Option<Fingerprint>> {
+    let text = given
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .or_else(|| FINGERPRINT_FLAG.get().cloned())
+        .or_else(|| {
+            std::env::var("GPULAYER_FINGERPRINT")
+                .ok()
+                .filter(|s| !s.is_empty())
+        });
+    Ok(text.map(|t| Fingerprint::parse(&t)).transpose()?)
+}
 
 fn home() -> PathBuf {
     std::env::var_os("HOME")
@@ -85,11 +110,16 @@ pub(crate) fn set_token_source(source: &str) {
 
 /// A client for the configured server.
 pub(crate) fn client() -> Result<Client> {
-    client_with(None, None)
+    client_with(None, None, None)
 }
 
-/// A client for `url` with `token` where given, else as configured.
-pub(crate) fn client_with(url: Option<&str>, token: Option<&str>) -> Result<Client> {
+/// A client for `url` with `token` and the certificate `fingerprint` where given, else as
+/// configured.
+pub(crate) fn client_with(
+    url: Option<&str>,
+    token: Option<&str>,
+    fingerprint: Option<&str>,
+) -> Result<Client> {
     let path = config_path();
     let given = |v: Option<&str>| v.filter(|s| !s.is_empty()).map(str::to_string);
     let env_url =
@@ -104,7 +134,7 @@ pub(crate) fn client_with(url: Option<&str>, token: Option<&str>) -> Result<Clie
     } else {
         read_config(&path)?
     };
-    let url = env_url.or(file.url).ok_or_else(|| {
+    let url = env_url.or(file.url.clone()).ok_or_else(|| {
         anyhow!(
             "no server configured: run `gpulayer up` on this machine (it writes {}), or set GPULAYER_URL and GPULAYER_TOKEN",
             path.display()
@@ -121,7 +151,18 @@ pub(crate) fn client_with(url: Option<&str>, token: Option<&str>) -> Result<Clie
         }
     };
     set_token_source(&source);
-    Ok(Client::new(&url, Some(&token))?)
+    // The config file's fingerprint belongs to the config file's server.
+    let pin = match fingerprint_setting(fingerprint)? {
+        Some(pin) => Some(pin),
+        None if file.url.as_deref() == Some(url.as_str()) => file
+            .fingerprint
+            .as_deref()
+            .map(Fingerprint::parse)
+            .transpose()
+            .with_context(|| format!("`fingerprint` in {}", path.display()))?,
+        None => None,
+    };
+    Ok(Client::pinned(&url, Some(&token), pin)?)
 }
 
 /// The one-line message for an error, naming the setting to fix when the token was refused.

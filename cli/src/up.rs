@@ -53,6 +53,17 @@ pub(crate) struct UpArgs {
     /// attack this way.
     #[arg(long = "mcp-allowed-host", value_name = "HOST")]
     mcp_allowed_hosts: Vec<String>,
+    /// Present this PEM certificate (chain, leaf first) instead of the self-signed one made
+    /// on the first start; with --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain HTTP, without TLS. Only on a loopback --listen address: anywhere else
+    /// tokens would cross the network in the clear.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    insecure_http: bool,
 }
 
 /// Waits for Ctrl-C or SIGTERM.
@@ -66,6 +77,12 @@ pub(crate) async fn shutdown_signal() {
 }
 
 pub(crate) async fn run(args: UpArgs) -> Result<()> {
+    if args.insecure_http && !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "--insecure-http is allowed only on a loopback --listen address (e.g. 127.0.0.1:8470), not {}: elsewhere tokens would cross the network in the clear (leave TLS on and pin the fingerprint `gpulayer up` prints)",
+            args.listen
+        );
+    }
     let data_dir = args
         .data_dir
         .clone()
@@ -112,20 +129,44 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (is another `gpulayer up` running? pick another with --listen)", args.listen))?;
     let bound = listener.local_addr()?;
-    let url = format!("http://{}", public_addr(bound));
+    let identity = if args.insecure_http {
+        None
+    } else {
+        let given = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
+        Some(crate::certificate::identity(&store, given, &certificate_names(bound)).await?)
+    };
+    let fingerprint = identity.as_ref().map(|i| i.fingerprint);
+    let scheme = if identity.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}", public_addr(bound));
+    // The certificate (not its key) beside the data, for tools that take a CA file
+    // (`curl --cacert`, Python's ssl).
+    let certificate_path = match &identity {
+        Some(i) => {
+            let path = data_dir.join("server-cert.pem");
+            settings::write_private(&path, &i.certificate.certificate_pem)?;
+            Some(path)
+        }
+        None => None,
+    };
 
     let config_path = settings::config_path();
     let mut config = settings::read_config(&config_path).unwrap_or_default();
     config.url = Some(url.clone());
+    config.fingerprint = fingerprint.map(|f| f.to_string());
     if let Some(t) = &admin_token {
         config.token = Some(t.clone());
     }
     settings::write_config(&config_path, &config)?;
 
-    let join_command = format!("gpulayer join {url} --token {join_token}");
+    let pin_flag = fingerprint
+        .map(|f| format!(" --fingerprint {f}"))
+        .unwrap_or_default();
+    let join_command = format!("gpulayer join {url} --token {join_token}{pin_flag}");
     if args.json {
         let ready = serde_json::json!({
             "url": url,
+            "fingerprint": fingerprint.map(|f| f.to_string()),
+            "tls_certificate": certificate_path,
             "admin_token": admin_token,
             "join_token": join_token,
             "join_command": join_command,
@@ -136,6 +177,10 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
         println!("{ready}");
     } else {
         println!("GPUlayer API listening on {url}");
+        match fingerprint {
+            Some(f) => println!("certificate fingerprint: {f}"),
+            None => println!("plain HTTP (--insecure-http): for this machine only"),
+        }
         match &admin_token {
             Some(t) => println!(
                 "admin token: {t}\n  (shown once; saved to {})",
@@ -147,6 +192,13 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
             ),
         }
         println!("join a worker with:\n  {join_command}");
+        let pin_env = fingerprint
+            .map(|f| format!(" GPULAYER_FINGERPRINT={f}"))
+            .unwrap_or_default();
+        println!(
+            "client settings (saved to {}):\n  GPULAYER_URL={url}{pin_env} GPULAYER_TOKEN=<a token>",
+            config_path.display()
+        );
         println!(
             "MCP for coding agents: {url}/mcp (or `gpulayer mcp` on stdio; see docs/agents.md)"
         );
@@ -162,6 +214,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
         let config = worker::WorkerConfig {
             url: url.clone(),
             token: join_token.clone(),
+            fingerprint,
             name: hostname(),
             labels: Default::default(),
             slots: args.worker_slots.max(1),
@@ -197,10 +250,17 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     } else {
         args.mcp_allowed_hosts.clone()
     };
-    let mcp = crate::mcp::http_service(url.clone(), mcp_hosts, state.clone());
-    let server = tokio::spawn(api::serve(listener, state, mcp, async move {
+    let mcp = crate::mcp::http_service(url.clone(), fingerprint, mcp_hosts, state.clone());
+    let stopped = async move {
         let _ = server_stop.wait_for(|s| *s).await;
-    }));
+    };
+    let server = match identity {
+        Some(i) => {
+            let tls = api::tls::TlsListener::new(listener, i.config)?;
+            tokio::spawn(api::serve(tls, state, mcp, stopped))
+        }
+        None => tokio::spawn(api::serve(listener, state, mcp, stopped)),
+    };
 
     shutdown_signal().await;
     tracing::info!("shutting down");
@@ -315,6 +375,16 @@ async fn join_token(store: &Store, data_dir: &Path) -> Result<String> {
     store.insert_token("join", Role::Worker, &secret).await?;
     settings::write_private(&path, &secret)?;
     Ok(secret)
+}
+
+/// The names a self-signed certificate carries: loopback, this host, the address listened on.
+fn certificate_names(bound: SocketAddr) -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    names.push(hostname());
+    if !bound.ip().is_unspecified() && !bound.ip().is_loopback() {
+        names.push(bound.ip().to_string());
+    }
+    names
 }
 
 /// An address others can dial: a wildcard listen address becomes this host's name.

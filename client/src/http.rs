@@ -1,6 +1,7 @@
 //! `Client`: one method per REST call.
 
 use crate::error::ClientError;
+use crate::tls::{Fingerprint, PinnedCertificate};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use protocol::{
@@ -30,11 +31,24 @@ pub struct Client {
     current: Arc<AtomicUsize>,
     token: Option<String>,
     http: reqwest::Client,
+    /// Set when the server's certificate is pinned by its fingerprint.
+    pin: Option<Arc<PinnedCertificate>>,
 }
 
 impl Client {
-    /// `url` is one server URL or several, comma-separated (replicas of one control plane).
+    /// `url` is one server URL or several, comma-separated (replicas of one control plane);
+    /// an https server must have a certificate this system trusts.
     pub fn new(url: &str, token: Option<&str>) -> Result<Self, ClientError> {
+        Self::pinned(url, token, None)
+    }
+
+    /// As [`Client::new`]; with `pin`, the server must present the certificate with that
+    /// fingerprint (every replica presents the same one) and the URLs must be https.
+    pub fn pinned(
+        url: &str,
+        token: Option<&str>,
+        pin: Option<Fingerprint>,
+    ) -> Result<Self, ClientError> {
         let mut bases = Vec::new();
         for one in url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
             let trimmed = one.trim_end_matches('/');
@@ -56,18 +70,26 @@ impl Client {
                 detail: "no URL given".into(),
             });
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| ClientError::BadUrl {
-                url: url.to_string(),
-                detail: e.to_string(),
-            })?;
+        if pin.is_some()
+            && let Some(plain) = bases.iter().find(|b| b.starts_with("http://"))
+        {
+            return Err(ClientError::PinWithoutTls { url: plain.clone() });
+        }
+        let pin = pin.map(|p| Arc::new(PinnedCertificate::new(p)));
+        let mut builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+        if let Some(p) = &pin {
+            builder = builder.tls_backend_preconfigured(crate::tls::pinned_config(p.clone())?);
+        }
+        let http = builder.build().map_err(|e| ClientError::BadUrl {
+            url: url.to_string(),
+            detail: e.to_string(),
+        })?;
         Ok(Self {
             bases: Arc::new(bases),
             current: Arc::new(AtomicUsize::new(0)),
             token: token.map(str::to_string),
             http,
+            pin,
         })
     }
 
@@ -103,12 +125,38 @@ impl Client {
         rb
     }
 
+    /// The pinning verifier, for the websocket follower's own TLS connections.
+    pub(crate) fn pin(&self) -> Option<&Arc<PinnedCertificate>> {
+        self.pin.as_ref()
+    }
+
     fn unreachable(&self, e: &reqwest::Error) -> ClientError {
         let mut detail = e.to_string();
         let mut source = std::error::Error::source(e);
         while let Some(s) = source {
             detail = s.to_string();
             source = s.source();
+        }
+        self.connection_failed(detail)
+    }
+
+    /// A connection that failed: a pinned certificate refused (never worth a retry), or a
+    /// server that did not answer.
+    pub(crate) fn connection_failed(&self, detail: String) -> ClientError {
+        if let Some(pin) = &self.pin
+            && let Some(presented) = pin.take_refused()
+        {
+            return ClientError::FingerprintMismatch {
+                url: self.url().to_string(),
+                presented: presented.to_string(),
+                pinned: pin.pinned().to_string(),
+            };
+        }
+        if self.pin.is_none() && detail.contains("invalid peer certificate") {
+            return ClientError::UntrustedCertificate {
+                url: self.url().to_string(),
+                detail,
+            };
         }
         ClientError::Unreachable {
             url: self.url().to_string(),

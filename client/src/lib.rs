@@ -8,10 +8,13 @@
 //! - [`error`] — `ClientError`.
 //! - [`http`] — `Client`, the REST calls and the worker channel.
 //! - [`logs`] — following a job's logs over the websocket, reconnecting without repeats.
+//! - [`tls`] — `Fingerprint` and the verifier that pins the server's certificate.
 
 pub mod error;
 pub mod http;
 pub mod logs;
+pub mod tls;
 
 pub use error::ClientError;
 pub use http::Client;
+pub use tls::Fingerprint;

@@ -6,6 +6,7 @@ use crate::http::Client;
 use futures_util::StreamExt;
 use protocol::{LogLine, LogStreamMessage};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -81,7 +82,15 @@ impl Client {
                 })?;
             request.headers_mut().insert("authorization", value);
         }
-        let (mut socket, _) = match tokio_tungstenite::connect_async(request).await {
+        let connector = match self.pin() {
+            Some(pin) => Some(tokio_tungstenite::Connector::Rustls(Arc::new(
+                crate::tls::pinned_config(pin.clone())?,
+            ))),
+            None => None,
+        };
+        let connected =
+            tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector).await;
+        let (mut socket, _) = match connected {
             Ok(ok) => ok,
             Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
                 // The server refused the upgrade with an error body: surface it as the REST
@@ -108,7 +117,7 @@ impl Client {
                     message,
                 });
             }
-            Err(e) => return Err(unreachable(e.to_string())),
+            Err(e) => return Err(self.connection_failed(e.to_string())),
         };
         while let Some(msg) = socket.next().await {
             let msg = msg.map_err(|e| unreachable(e.to_string()))?;

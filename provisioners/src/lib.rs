@@ -26,6 +26,8 @@ pub struct WorkerRequest {
 pub struct JoinTarget {
     pub url: String,
     pub join_token: String,
+    /// The server certificate's `sha256:` fingerprint, which the new worker pins.
+    pub fingerprint: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -65,6 +65,9 @@ impl Provisioner for LocalProvisioner {
         for (k, v) in &request.labels {
             cmd.arg("--label").arg(format!("{k}={v}"));
         }
+        if let Some(f) = &target.fingerprint {
+            cmd.arg("--fingerprint").arg(f);
+        }
         let child = cmd.spawn().map_err(spawn_err)?;
         self.children.insert(request.name.clone(), child);
         Ok(())

@@ -46,6 +46,12 @@ fn native_error(e: anyhow::Error) -> PyErr {
     let (kind, detail) = match e.downcast_ref::<ClientError>() {
         Some(ClientError::Unreachable { .. }) => ("connection", None),
         Some(ClientError::BadUrl { .. }) => ("connection", None),
+        Some(
+            ClientError::FingerprintMismatch { .. }
+            | ClientError::UntrustedCertificate { .. }
+            | ClientError::PinWithoutTls { .. }
+            | ClientError::BadFingerprint { .. },
+        ) => ("connection", None),
         Some(ClientError::Unauthorized { .. }) => ("unauthorized", None),
         Some(ClientError::Unplaceable(report)) => {
             ("scheduling", serde_json::to_string(report).ok())
@@ -126,9 +132,9 @@ struct NativeClient {
 #[pymethods]
 impl NativeClient {
     #[new]
-    #[pyo3(signature = (url=None, token=None))]
-    fn new(url: Option<&str>, token: Option<&str>) -> PyResult<Self> {
-        let inner = sdk::connect(url, token).map_err(native_error)?;
+    #[pyo3(signature = (url=None, token=None, fingerprint=None))]
+    fn new(url: Option<&str>, token: Option<&str>, fingerprint: Option<&str>) -> PyResult<Self> {
+        let inner = sdk::connect(url, token, fingerprint).map_err(native_error)?;
         Ok(Self { inner })
     }
 

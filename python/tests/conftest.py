@@ -32,7 +32,7 @@ class Server:
         self.home = Path(tempfile.mkdtemp(prefix="gpulayer-pytest-"))
         self.env = dict(os.environ, XDG_CONFIG_HOME=str(self.home / "config"), GPULAYER_LOG="warn")
         self.env.update(env or {})
-        for k in ("GPULAYER_URL", "GPULAYER_TOKEN"):
+        for k in ("GPULAYER_URL", "GPULAYER_TOKEN", "GPULAYER_FINGERPRINT"):
             self.env.pop(k, None)
         argv = [BIN, "up", "--json", "--listen", "127.0.0.1:0", "--data-dir", str(self.home / "data")]
         if lease_seconds is not None:
@@ -45,6 +45,12 @@ class Server:
             raise RuntimeError(f"`gpulayer up` did not start (exit {self.up.wait()})")
         ready = json.loads(line)
         self.url: str = ready["url"]
+        # The server's certificate: pinned by the CLI and the package through its
+        # fingerprint, trusted by plain Python HTTP clients as a CA file.
+        self.fingerprint: Optional[str] = ready["fingerprint"]
+        self.certificate: Optional[str] = ready["tls_certificate"]
+        if self.fingerprint:
+            self.env["GPULAYER_FINGERPRINT"] = self.fingerprint
         self.token: str = ready["admin_token"]
         self.join_token: str = ready["join_token"]
         self.workers: Dict[str, subprocess.Popen] = {}
@@ -62,6 +68,12 @@ class Server:
         proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL)
         self.workers[name] = proc
         return proc
+
+    def ssl_context(self) -> "ssl.SSLContext":
+        """A context that trusts this server's certificate (for httpx and the like)."""
+        import ssl
+
+        return ssl.create_default_context(cafile=self.certificate)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([BIN, *args], env=self.env, capture_output=True, text=True)
@@ -103,7 +115,7 @@ class Server:
 def _connected(server: Server) -> Server:
     import gpulayer as gl
 
-    gl.connect(server.url, server.token)
+    gl.connect(server.url, server.token, server.fingerprint)
     return server
 
 

@@ -111,7 +111,20 @@ def test_a_server_that_went_away_raises_connection_error(server: Server) -> None
         with pytest.raises(gl.ConnectionError, match="cannot reach the GPUlayer server"):
             gl.jobs()
     finally:
-        gl.connect(server.url, server.token)
+        gl.connect(server.url, server.token, server.fingerprint)
+
+
+def test_a_server_presenting_another_certificate_than_the_pinned_one_is_refused(server: Server) -> None:
+    assert server.fingerprint and server.url.startswith("https://")
+    wrong = "sha256:" + "0" * 64
+    gl.connect(server.url, server.token, wrong)
+    try:
+        with pytest.raises(gl.ConnectionError, match=f"presented the certificate {server.fingerprint}, not the pinned {wrong}"):
+            gl.jobs()
+    finally:
+        gl.connect(server.url, server.token, server.fingerprint)
+    # Pinned to the right certificate, the same call goes through.
+    assert isinstance(gl.jobs(), list)
 
 
 def test_the_wheel_installs_the_command_and_the_module_into_a_fresh_venv(tmp_path: Path) -> None:

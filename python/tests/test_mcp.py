@@ -31,12 +31,14 @@ def anyio_backend():
 
 
 def http_transport(server, token):
-    client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120,
+                                verify=server.ssl_context())
     return streamable_http_client(f"{server.url}/mcp", http_client=client)
 
 
 def stdio_transport(server, token, *extra):
     env = dict(os.environ, GPULAYER_URL=server.url, GPULAYER_TOKEN=token,
+               GPULAYER_FINGERPRINT=server.fingerprint,
                XDG_CONFIG_HOME=str(server.home / "mcp-config"))
     return StdioServerParameters(command=BIN, args=["mcp", *extra], env=env)
 
@@ -134,7 +136,7 @@ async def test_read_only_callers_are_offered_only_the_reading_tools(server):
 
 
 async def test_mcp_requests_without_a_known_token_are_refused(server):
-    async with httpx2.AsyncClient() as http:
+    async with httpx2.AsyncClient(verify=server.ssl_context()) as http:
         for headers in ({}, {"Authorization": "Bearer gls_not-a-token"}):
             resp = await http.post(f"{server.url}/mcp", headers=headers,
                                    json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
@@ -152,7 +154,7 @@ async def test_a_legacy_client_gets_a_session_and_the_same_tools(server):
         data_lines = [l[5:].strip() for l in resp.text.splitlines() if l.startswith("data:")]
         return json.loads(next(l for l in data_lines if l))
 
-    async with httpx2.AsyncClient(timeout=30) as http:
+    async with httpx2.AsyncClient(timeout=30, verify=server.ssl_context()) as http:
         init = await http.post(f"{server.url}/mcp", headers=headers, json={
             "jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {},

@@ -467,7 +467,8 @@ def test_a_remote_fit_submits_its_script_as_a_two_node_job_and_brings_the_traine
     project.mkdir()
     (project / "train.py").write_text(REMOTE_SCRIPT)
     env = dict(_clean_env(), XDG_CONFIG_HOME=bare_server.env["XDG_CONFIG_HOME"],
-               GPULAYER_URL=bare_server.url, GPULAYER_TOKEN=bare_server.token)
+               GPULAYER_URL=bare_server.url, GPULAYER_TOKEN=bare_server.token,
+               GPULAYER_FINGERPRINT=bare_server.fingerprint)
     env.pop("GPULAYER_JOB_ID", None)
     done = subprocess.run([sys.executable, "project/train.py"], cwd=tmp_path, env=env, timeout=300,
                           capture_output=True, text=True)

@@ -172,13 +172,13 @@ def test_a_worker_with_another_python_minor_version_is_not_sent_calls(bare_serve
 def test_a_result_over_the_limit_raises_result_too_large(server: Server) -> None:
     s = Server(with_worker=True, env={"GPULAYER_MAX_RESULT_BYTES": "1000"})
     try:
-        gl.connect(s.url, s.token)
+        gl.connect(s.url, s.token, s.fingerprint)
         assert square.remote(3) == 9  # a small result passes
         with pytest.raises(gl.ResultTooLarge, match="more than the server's limit of 1000"):
             shout.remote("x" * 5000)
     finally:
         s.close()
-        gl.connect(server.url, server.token)
+        gl.connect(server.url, server.token, server.fingerprint)
 
 
 def test_a_worker_killed_during_a_map_loses_no_item(bare_server: Server) -> None:
@@ -204,7 +204,7 @@ def test_a_server_that_went_away_raises_connection_error(server: Server) -> None
         with pytest.raises(gl.ConnectionError, match="cannot reach the GPUlayer server"):
             square.remote(1)
     finally:
-        gl.connect(server.url, server.token)
+        gl.connect(server.url, server.token, server.fingerprint)
 
 
 @gl.remote(env={"GREETING": "hello from env"})

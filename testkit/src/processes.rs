@@ -37,6 +37,10 @@ impl Default for ServerOptions {
 #[derive(Debug)]
 pub struct Server {
     pub url: String,
+    /// The `sha256:` fingerprint of the server's certificate (none with --insecure-http).
+    pub fingerprint: Option<String>,
+    /// The server's certificate, PEM, where `up` wrote it.
+    pub certificate: Option<PathBuf>,
     pub admin_token: String,
     pub join_token: String,
     pub data_dir: tempfile::TempDir,
@@ -62,6 +66,7 @@ impl Server {
         .env("XDG_CONFIG_HOME", data_dir.path().join("config"))
         .env_remove("GPULAYER_URL")
         .env_remove("GPULAYER_TOKEN")
+        .env_remove("GPULAYER_FINGERPRINT")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -92,6 +97,8 @@ impl Server {
         let field = |k: &str| ready[k].as_str().unwrap_or_default().to_string();
         Self {
             url: field("url"),
+            fingerprint: ready["fingerprint"].as_str().map(str::to_string),
+            certificate: ready["tls_certificate"].as_str().map(PathBuf::from),
             admin_token: field("admin_token"),
             join_token: field("join_token"),
             data_dir,
@@ -106,7 +113,19 @@ impl Server {
             bin: self.bin.clone(),
             url: self.url.clone(),
             token: self.admin_token.clone(),
+            fingerprint: self.fingerprint.clone(),
             config_home: self.data_dir.path().join("cli-config"),
+        }
+    }
+
+    /// A raw HTTP client that trusts this server's certificate (and nothing else).
+    pub fn http(&self) -> reqwest::Client {
+        match &self.fingerprint {
+            Some(f) => {
+                client::tls::pinned_reqwest(client::Fingerprint::parse(f).expect("fingerprint"))
+                    .expect("a pinned HTTP client")
+            }
+            None => reqwest::Client::new(),
         }
     }
 
@@ -118,13 +137,18 @@ impl Server {
     /// Starts a worker that dials `urls` (one, or several replicas comma-separated).
     pub fn join_to(&self, urls: &str, name: &str, extra: &[&str]) -> Worker {
         let dir = tempfile::tempdir().expect("worker dir");
-        let child = Command::new(&self.bin)
-            .args(["join", urls, "--token", &self.join_token, "--name", name])
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(["join", urls, "--token", &self.join_token, "--name", name])
             .arg("--work-dir")
-            .arg(dir.path())
+            .arg(dir.path());
+        if let Some(f) = &self.fingerprint {
+            cmd.args(["--fingerprint", f]);
+        }
+        let child = cmd
             .args(extra)
             .env_remove("GPULAYER_URL")
             .env_remove("GPULAYER_TOKEN")
+            .env_remove("GPULAYER_FINGERPRINT")
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn gpulayer join");
@@ -185,6 +209,8 @@ pub struct Cli {
     pub bin: PathBuf,
     pub url: String,
     pub token: String,
+    /// Pinned through GPULAYER_FINGERPRINT when set.
+    pub fingerprint: Option<String>,
     pub config_home: PathBuf,
 }
 
@@ -225,6 +251,10 @@ impl Cli {
             .env("GPULAYER_TOKEN", &self.token)
             .env("XDG_CONFIG_HOME", &self.config_home)
             .stdin(Stdio::null());
+        match &self.fingerprint {
+            Some(f) => cmd.env("GPULAYER_FINGERPRINT", f),
+            None => cmd.env_remove("GPULAYER_FINGERPRINT"),
+        };
         cmd
     }
 

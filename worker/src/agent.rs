@@ -39,6 +39,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub struct WorkerConfig {
     pub url: String,
     pub token: String,
+    /// The server's certificate fingerprint (`gpulayer join --fingerprint`): only a server
+    /// presenting that certificate is trusted.
+    pub fingerprint: Option<client::Fingerprint>,
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub slots: u32,
@@ -150,7 +153,7 @@ pub async fn run(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ClientError> {
-    let client = Client::new(&config.url, Some(&config.token))?;
+    let client = Client::pinned(&config.url, Some(&config.token), config.fingerprint)?;
     let run_dir = prepare_run_dir(&config.work_root);
     let sentinel = match crate::sentinel::Sentinel::start() {
         Ok(s) => Some(Arc::new(s)),

@@ -3,7 +3,7 @@
 use crate::{bin, server};
 use testkit::{Cli, ServerOptions};
 
-fn one_line_error(out: &testkit::CliOutput, expect: &str) {
+pub(crate) fn one_line_error(out: &testkit::CliOutput, expect: &str) {
     assert_ne!(out.code, 0, "{out:?}");
     let lines: Vec<&str> = out.stderr.lines().collect();
     assert_eq!(lines.len(), 1, "one line: {:?}", out.stderr);
@@ -117,6 +117,7 @@ async fn an_unreachable_server_is_named_in_the_error() {
         bin: bin(),
         url: "http://127.0.0.1:9".into(),
         token: "glc_x".into(),
+        fingerprint: None,
         config_home: std::env::temp_dir().join("gpulayer-no-config"),
     };
     one_line_error(
@@ -152,6 +153,10 @@ async fn an_unreadable_file_in_the_source_is_named() {
     cmd.args(["submit", "--source", src.to_str().unwrap(), "--", "true"])
         .env("GPULAYER_URL", &server.url)
         .env("GPULAYER_TOKEN", &server.admin_token)
+        .env(
+            "GPULAYER_FINGERPRINT",
+            server.fingerprint.as_deref().unwrap(),
+        )
         .env("HOME", open.path())
         .env("TMPDIR", open.path())
         .current_dir(open.path());

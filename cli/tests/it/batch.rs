@@ -76,7 +76,7 @@ async fn a_batch_with_one_bad_line_is_refused_whole_with_the_line_number() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_api_refuses_oversized_batches_and_reused_keys_for_other_jobs() {
     let server = server(ServerOptions::default()).await;
-    let http = reqwest::Client::new();
+    let http = server.http();
     let post = |path: &str, key: &str, body: serde_json::Value| {
         http.post(format!("{}{path}", server.url))
             .bearer_auth(&server.admin_token)

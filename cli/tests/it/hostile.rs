@@ -32,7 +32,7 @@ fn sha256(bytes: &[u8]) -> String {
 async fn crafted_source_archives_are_refused_at_upload_and_a_non_archive_is_never_a_source() {
     use tar::EntryType::{Char, Directory, Link, Regular, Symlink};
     let server = server(ServerOptions::default()).await;
-    let http = reqwest::Client::new();
+    let http = server.http();
     let put = |bytes: Vec<u8>| {
         let http = http.clone();
         let url = format!("{}/v1/blobs/{}", server.url, sha256(&bytes));
@@ -137,7 +137,7 @@ async fn crafted_source_archives_are_refused_at_upload_and_a_non_archive_is_neve
 async fn text_with_a_nul_character_is_refused_as_bad_input_not_a_server_error() {
     // Found by the API fuzz run: PostgreSQL stores no NUL in text or jsonb.
     let server = server(ServerOptions::default()).await;
-    let http = reqwest::Client::new();
+    let http = server.http();
     let post = |path: &str, body: serde_json::Value| {
         http.post(format!("{}{path}", server.url))
             .bearer_auth(&server.admin_token)

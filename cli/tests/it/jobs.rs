@@ -292,13 +292,19 @@ async fn the_openapi_document_is_served_and_health_endpoints_answer() {
         );
     }
     for p in ["/healthz", "/readyz"] {
-        let status = reqwest::get(format!("{}{p}", server.url))
+        let status = server
+            .http()
+            .get(format!("{}{p}", server.url))
+            .send()
             .await
             .unwrap()
             .status();
         assert_eq!(status, 200, "{p}");
     }
-    let unauthenticated = reqwest::get(format!("{}/v1/jobs", server.url))
+    let unauthenticated = server
+        .http()
+        .get(format!("{}/v1/jobs", server.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(unauthenticated.status(), 401);
@@ -344,6 +350,8 @@ async fn join_with_json_announces_the_registration() {
             "--slots",
             "2",
             "--json",
+            "--fingerprint",
+            server.fingerprint.as_deref().unwrap(),
         ])
         .arg("--work-dir")
         .arg(work.path())

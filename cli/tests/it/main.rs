@@ -12,6 +12,7 @@ mod placement;
 mod provisioners_local;
 mod s3;
 mod skill;
+mod tls;
 mod tokens;
 
 use std::path::PathBuf;
@@ -30,7 +31,10 @@ pub(crate) async fn server(options: ServerOptions) -> Server {
 
 /// The server's OpenAPI document (served without a token).
 pub(crate) async fn openapi(server: &Server) -> serde_json::Value {
-    reqwest::get(format!("{}/v1/openapi.json", server.url))
+    server
+        .http()
+        .get(format!("{}/v1/openapi.json", server.url))
+        .send()
         .await
         .expect("GET /v1/openapi.json")
         .json()

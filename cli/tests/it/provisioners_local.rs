@@ -14,6 +14,7 @@ async fn a_locally_provisioned_worker_runs_jobs_and_deregisters_when_released() 
     let target = JoinTarget {
         url: server.url.clone(),
         join_token: server.join_token.clone(),
+        fingerprint: server.fingerprint.clone(),
     };
     let request = WorkerRequest {
         name: "local-1".into(),

@@ -118,7 +118,7 @@ async fn every_endpoint_refuses_exactly_the_roles_that_may_not_call_it() {
     let doc = crate::openapi(&server).await;
     let table = rights();
     let mut seen = 0;
-    let http = reqwest::Client::new();
+    let http = server.http();
     for (path, ops) in doc["paths"].as_object().unwrap() {
         for method in ops.as_object().unwrap().keys() {
             let right = *table

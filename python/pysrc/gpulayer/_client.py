@@ -1,5 +1,6 @@
 """The connection the package's functions use unless given one: the CLI's settings
-(GPULAYER_URL and GPULAYER_TOKEN, then the config file `gpulayer up` wrote)."""
+(GPULAYER_URL, GPULAYER_TOKEN and GPULAYER_FINGERPRINT, then the config file `gpulayer up`
+wrote)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,17 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise_native(e)
 
 
-def connect(url: Optional[str] = None, token: Optional[str] = None) -> "_native.NativeClient":
+def connect(
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    fingerprint: Optional[str] = None,
+) -> "_native.NativeClient":
     """Connects to a server (``url`` may list replicas comma-separated) and makes it the
-    default for this process. Without arguments, uses the CLI's settings."""
+    default for this process. ``fingerprint`` (``sha256:...``, as ``gpulayer up`` printed it)
+    pins the server's certificate: a server presenting another is refused. Without
+    arguments, uses the CLI's settings."""
     global _default
-    client = call(_native.NativeClient, url, token)
+    client = call(_native.NativeClient, url, token, fingerprint)
     with _lock:
         _default = client
     return client
