@@ -34,7 +34,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn parts(&self) -> (StatusCode, ErrorCode) {
+    pub(crate) fn parts(&self) -> (StatusCode, ErrorCode) {
         match self {
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, ErrorCode::Forbidden),

@@ -248,6 +248,7 @@ pub async fn list(
     let filter = JobFilter {
         state,
         limit: q.limit.unwrap_or(50).clamp(1, 1000),
+        ..Default::default()
     };
     let jobs = app
         .store
@@ -259,7 +260,7 @@ pub async fn list(
     Ok(Json(JobList { jobs }))
 }
 
-fn job_id(raw: &str) -> ApiResult<i64> {
+pub(crate) fn job_id(raw: &str) -> ApiResult<i64> {
     raw.parse::<JobId>()
         .map(|j| j.0)
         .map_err(|e| ApiError::BadRequest(e.to_string()))
@@ -272,7 +273,13 @@ pub async fn status(
     _: Authorized<may::ReadJobs>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    let row = app.store.get_job(job_id(&id)?).await?;
+    Ok(Json(job_status(&app, job_id(&id)?).await?))
+}
+
+/// One job as `status` shows it: with its nodes and placement when it is a gang, and why it
+/// waits when it is pending.
+pub(crate) async fn job_status(app: &AppState, id: i64) -> ApiResult<JobView> {
+    let row = app.store.get_job(id).await?;
     let pending = row.state == JobState::Pending;
     let spec = row.spec.clone();
     let gang = row.spec.layout.is_gang();
@@ -288,9 +295,9 @@ pub async fn status(
         view.placed = app.store.gang_placement(view.id.0).await?;
     }
     if pending {
-        view.waiting = Some(crate::placement::waiting(&app, view.id.0, &spec).await?);
+        view.waiting = Some(crate::placement::waiting(app, view.id.0, &spec).await?);
     }
-    Ok(Json(view))
+    Ok(view)
 }
 
 /// Cancel a job: a pending job never starts; a running one's process group is killed.
@@ -349,7 +356,7 @@ pub async fn logs_page(
     }))
 }
 
-fn parse_after(s: &str) -> ApiResult<LogCursor> {
+pub(crate) fn parse_after(s: &str) -> ApiResult<LogCursor> {
     let bad = || ApiError::BadRequest(format!("after='{s}' is not TASK:ATTEMPT:SEQ"));
     let mut parts = s.split(':');
     let mut next = || {
@@ -379,19 +386,26 @@ pub async fn logs_ws(
     let id = job_id(&id)?;
     app.store.get_job(id).await?; // 404 before upgrading, not after
     Ok(ws.on_upgrade(move |socket| async move {
-        if let Err(e) = follow_logs(app, id, q.rank.map(|r| r as i32), socket).await {
+        let rank = q.rank.map(|r| r as i32);
+        if let Err(e) = follow_logs(app, id, rank, Vec::new(), socket).await {
             tracing::debug!(job = id, error = %e, "log stream ended early");
         }
     }))
 }
 
-async fn follow_logs(
+/// Streams `job`'s lines after `after` (one cursor per task attempt already shown), then new
+/// ones as they are stored, then `end`.
+pub(crate) async fn follow_logs(
     app: AppState,
     job: i64,
     rank: Option<i32>,
+    after: Vec<LogCursor>,
     mut socket: WebSocket,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut cursors: HashMap<(i64, i32), i64> = HashMap::new();
+    let mut cursors: HashMap<(i64, i32), i64> = after
+        .into_iter()
+        .map(|c| ((c.task_id, c.attempt), c.seq))
+        .collect();
     let mut rx = app.hub.subscribe_jobs();
     loop {
         // Read until caught up; then, if the job has ended, everything it printed is stored
@@ -462,7 +476,11 @@ pub async fn download_outputs(
     _: Authorized<may::ReadJobs>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    let id = job_id(&id)?;
+    job_outputs(&app, job_id(&id)?).await
+}
+
+/// A job's outputs as a `.tar.gz` download (a gang's nodes merged into one).
+pub(crate) async fn job_outputs(app: &AppState, id: i64) -> ApiResult<Response> {
     let job = app.store.get_job(id).await?;
     if job.spec.layout.is_gang() && job.state.is_terminal() {
         let parts: Vec<(u32, String)> = app
@@ -473,7 +491,7 @@ pub async fn download_outputs(
             .filter_map(|n| Some((n.node as u32, n.outputs_key?)))
             .collect();
         if !parts.is_empty() {
-            return merged_outputs(&app, id, parts).await;
+            return merged_outputs(app, id, parts).await;
         }
     }
     let Some(key) = job.outputs_key else {

@@ -15,11 +15,13 @@
 //!   (a shortcut past the notification; what it assigns is in the database first).
 //! - [`sweeper`] — the leader election loop and the rescue of lost workers.
 //! - [`openapi`] — the generated OpenAPI document.
+//! - [`dashboard`] — the web dashboard (askama pages, sessions, live logs).
 //! - [`tls`] — the HTTPS listener and the server's TLS settings.
 
 pub mod auth;
 pub mod blobs;
 pub mod calls;
+pub mod dashboard;
 pub mod error;
 pub mod handoff;
 pub mod hub;

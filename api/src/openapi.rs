@@ -25,6 +25,7 @@ use utoipa::OpenApi;
         crate::tokens::create,
         crate::tokens::list,
         crate::tokens::revoke,
+        crate::dashboard::create_link,
         crate::blobs::upload,
         crate::blobs::exists,
         crate::blobs::download,

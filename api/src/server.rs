@@ -20,6 +20,8 @@ pub struct ServerConfig {
     pub lease: Duration,
     /// Finished jobs (with their logs, events and outputs) are deleted after this long.
     pub retention: Duration,
+    /// Mark the dashboard's cookies `Secure` (the server speaks TLS).
+    pub secure_cookies: bool,
 }
 
 impl Default for ServerConfig {
@@ -29,6 +31,7 @@ impl Default for ServerConfig {
             // a dead machine's jobs are failed (and, later, retried) within half a minute.
             lease: Duration::from_secs(20),
             retention: Duration::from_secs(14 * 86_400),
+            secure_cookies: false,
         }
     }
 }
@@ -93,6 +96,7 @@ pub fn router(state: AppState) -> Router {
             post(crate::tokens::create).get(crate::tokens::list),
         )
         .route("/tokens/{id}/revoke", post(crate::tokens::revoke))
+        .route("/dashboard/links", post(crate::dashboard::create_link))
         .route(
             "/blobs/{digest}",
             put(blobs::upload).head(blobs::exists).get(blobs::download),
@@ -128,6 +132,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .nest(protocol::PREFIX, v1)
+        .merge(crate::dashboard::router())
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

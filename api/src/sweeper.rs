@@ -82,6 +82,10 @@ async fn prune(app: &AppState) {
         }
         Err(e) => tracing::warn!(error = %e, "pruning failed"),
     }
+    // Expired dashboard sessions and login links go too (they are refused anyway).
+    if let Err(e) = app.store.prune_dashboard_sessions().await {
+        tracing::warn!(error = %e, "pruning dashboard sessions failed");
+    }
 }
 
 #[cfg(test)]

@@ -13,8 +13,10 @@
 //! - [`logs`] — printing and following log lines.
 //! - [`table`] — human output.
 //! - [`sdk`] — the same operations for the Python package, without printing.
+//! - [`dashboard`] — opening the web dashboard logged in.
 
 mod certificate;
+mod dashboard;
 mod jobs;
 mod join;
 mod logs;
@@ -72,6 +74,8 @@ enum Command {
     Resources(resources::ResourcesArgs),
     /// Create, list and revoke tokens (admin tokens only).
     Token(token::TokenArgs),
+    /// Open the web dashboard in a browser, logged in (a one-time link; --no-browser prints it).
+    Dashboard(dashboard::DashboardArgs),
     /// Serve GPUlayer's tools to a coding agent over MCP on stdio (`claude mcp add gpulayer -- gpulayer mcp`).
     Mcp(mcp::McpArgs),
 }
@@ -152,6 +156,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> u8 {
             Command::Resources(a) => resources::run(a).await,
             Command::Token(a) => token::run(a).await,
             Command::Mcp(a) => mcp::run(a).await,
+            Command::Dashboard(a) => dashboard::run(a).await,
         }
     });
     match result {

@@ -207,6 +207,7 @@ pub(crate) async fn run(args: UpArgs) -> Result<()> {
     let config = api::ServerConfig {
         lease: Duration::from_secs(args.lease_seconds),
         retention: Duration::from_secs(args.retention_days * 86_400),
+        secure_cookies: fingerprint.is_some(),
     };
     let state = api::AppState::new(store.clone(), objects, config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

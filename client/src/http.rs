@@ -406,6 +406,12 @@ impl Client {
         .await
     }
 
+    /// A one-time link that opens the dashboard logged in as this client's token.
+    pub async fn dashboard_link(&self) -> Result<protocol::DashboardLink, ClientError> {
+        self.post_json("/v1/dashboard/links", &serde_json::json!({}), false)
+            .await
+    }
+
     pub async fn workers(&self) -> Result<WorkerList, ClientError> {
         self.get_json("/v1/workers").await
     }

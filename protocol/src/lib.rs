@@ -23,7 +23,7 @@ pub use jobs::{
     PlacementReport, SubmitRequest, WorkerRef, WorkerVerdict,
 };
 pub use logs::{LogLine, LogPage, LogStreamMessage, Stream};
-pub use tokens::{CreateTokenRequest, CreatedToken, TokenList, TokenView};
+pub use tokens::{CreateTokenRequest, CreatedToken, DashboardLink, TokenList, TokenView};
 pub use workers::{
     Assignment, HeartbeatRequest, LogAppend, LogBatch, PollRequest, PollResponse, RegisterRequest,
     RegisterResponse, RendezvousAnswer, RendezvousPoint, StopOrder, StopWhy, TaskFinished,

@@ -45,3 +45,12 @@ pub struct CreatedToken {
 pub struct TokenList {
     pub tokens: Vec<TokenView>,
 }
+
+/// `POST /v1/dashboard/links`' answer: a one-time link that opens the dashboard logged in as
+/// the calling token.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DashboardLink {
+    /// Path and query of the link, to append to the server's URL.
+    pub path: String,
+    pub expires_in_seconds: u64,
+}

@@ -49,7 +49,30 @@ pub struct NodeRow {
 #[derive(Debug, Clone, Default)]
 pub struct JobFilter {
     pub state: Option<JobState>,
+    /// Only jobs submitted by the token of this name.
+    pub submitted_by: Option<String>,
+    /// Only jobs whose (first) task ran, or runs, on the worker of this name.
+    pub worker: Option<String>,
+    /// Only jobs older than this id (the next page, newest first).
+    pub before: Option<i64>,
     pub limit: i64,
+}
+
+/// One entry of a job's timeline.
+#[derive(Debug, Clone)]
+pub struct EventRow {
+    pub kind: String,
+    pub detail: Option<String>,
+    pub worker_name: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+/// A device a running (or assigned) task holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldDevice {
+    pub worker_id: i64,
+    pub device: u32,
+    pub job_id: i64,
 }
 
 const JOB_COLUMNS: &str =
@@ -231,17 +254,71 @@ impl Store {
         job_row(row)
     }
 
-    /// Jobs newest first.
+    /// Jobs newest first. Only the filters given are in the statement (not `$1 IS NULL OR
+    /// ...`), so each combination gets a plan that uses its index at any number of jobs.
     pub async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
-        // JOB_COLUMNS is a constant: nothing user-given reaches the SQL text.
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} WHERE ($1::text IS NULL OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
-        )))
-        .bind(filter.state.map(|s| s.as_str()))
-        .bind(filter.limit)
+        // JOB_COLUMNS and the conditions are constants: values are bound, never formatted.
+        let mut q = sqlx::QueryBuilder::new(format!("SELECT {JOB_COLUMNS} WHERE true"));
+        if let Some(state) = filter.state {
+            q.push(" AND j.state = ").push_bind(state.as_str());
+        }
+        if let Some(before) = filter.before {
+            q.push(" AND j.id < ").push_bind(before);
+        }
+        if let Some(name) = &filter.submitted_by {
+            q.push(" AND j.submitted_by IN (SELECT id FROM tokens WHERE name = ")
+                .push_bind(name.clone())
+                .push(")");
+        }
+        if let Some(name) = &filter.worker {
+            q.push(" AND t.worker_id IN (SELECT id FROM workers WHERE name = ")
+                .push_bind(name.clone())
+                .push(")");
+        }
+        q.push(" ORDER BY j.id DESC LIMIT ").push_bind(filter.limit);
+        let rows = q.build().fetch_all(self.pool()).await?;
+        rows.into_iter().map(job_row).collect()
+    }
+
+    /// A job's events, oldest first: its timeline.
+    pub async fn job_events(&self, id: i64) -> Result<Vec<EventRow>> {
+        let rows = sqlx::query(
+            "SELECT e.kind, e.detail, w.name AS worker_name, e.at
+             FROM events e LEFT JOIN workers w ON w.id = e.worker_id
+             WHERE e.job_id = $1 ORDER BY e.id LIMIT 1000",
+        )
+        .bind(id)
         .fetch_all(self.pool())
         .await?;
-        rows.into_iter().map(job_row).collect()
+        Ok(rows
+            .into_iter()
+            .map(|r| EventRow {
+                kind: r.get("kind"),
+                detail: r.get("detail"),
+                worker_name: r.get("worker_name"),
+                at: r.get("at"),
+            })
+            .collect())
+    }
+
+    /// Every device held by an assigned or running task, with its job.
+    pub async fn held_devices(&self) -> Result<Vec<HeldDevice>> {
+        let rows = sqlx::query(
+            "SELECT t.worker_id, d.device, t.job_id
+             FROM tasks t CROSS JOIN LATERAL unnest(t.devices) AS d(device)
+             WHERE t.state IN ('assigned', 'running') AND t.worker_id IS NOT NULL
+             ORDER BY t.worker_id, d.device",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| HeldDevice {
+                worker_id: r.get(0),
+                device: r.get::<i32, _>(1) as u32,
+                job_id: r.get(2),
+            })
+            .collect())
     }
 
     /// Cancels a job that has not finished. Returns the state it was in; a finished job is

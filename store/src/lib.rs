@@ -16,6 +16,8 @@
 //! - [`workers`] — registration, heartbeats, and the rescue of lost workers.
 //! - [`logs`] — appending and reading log lines.
 //! - [`tokens`] — bearer tokens, stored as sha256 only.
+//! - [`sessions`] — the dashboard's one-time login links and browser sessions.
+//! - [`identity`] — the TLS certificate every replica presents.
 //! - [`blobs`] — which content-addressed sources are stored.
 //! - [`wakeups`] — NOTIFY channels and the listener.
 //! - [`leader`] — the advisory-lock leader that runs sweeps.
@@ -31,6 +33,7 @@ pub mod logs;
 pub mod poll;
 pub mod queue;
 pub mod reports;
+pub mod sessions;
 pub mod tokens;
 pub mod wakeups;
 pub mod workers;
@@ -39,11 +42,12 @@ pub use calls::CallResult;
 pub use embedded::{EmbeddedError, EmbeddedPostgres};
 pub use gangs::{GangChoice, Placer, Rendezvous};
 pub use identity::ServerCertificate;
-pub use jobs::{JobFilter, JobRow, NodeRow};
+pub use jobs::{EventRow, HeldDevice, JobFilter, JobRow, NodeRow};
 pub use logs::{LogCursor, StoredLine};
 pub use poll::{PollRound, RoundOutcome};
 pub use queue::{Claimed, PollContext, StopReason};
 pub use reports::{Completion, FinishReport, StartReport};
+pub use sessions::SessionRow;
 pub use tokens::{Role, TokenInfo, TokenRow};
 pub use wakeups::{Channel, Wakeup};
 pub use workers::{LostWorker, NewWorker, WorkerRow};

@@ -74,6 +74,7 @@ fn rights() -> BTreeMap<(&'static str, &'static str), &'static str> {
         (("post", "/v1/tokens"), "tokens"),
         (("get", "/v1/tokens"), "tokens"),
         (("post", "/v1/tokens/{id}/revoke"), "tokens"),
+        (("post", "/v1/dashboard/links"), "read"),
     ]
     .into_iter()
     .collect()

@@ -1,6 +1,7 @@
 //! Store tests against a real PostgreSQL: one fresh database per test.
 
 mod calls;
+mod dashboard;
 mod gangs;
 mod handoff;
 mod queue;
