@@ -77,6 +77,8 @@ def main() -> None:
             "/healthz (floor)": "/healthz",
             "jobs, newest": "/dashboard/jobs",
             "jobs, state=succeeded": "/dashboard/jobs?state=succeeded",
+            # None failed: the page reads its window of 10,000 jobs and says so.
+            "jobs, state=failed (none)": "/dashboard/jobs?state=failed",
             "jobs, by the agent token": "/dashboard/jobs?by=bench-agent",
             "jobs, on one worker": "/dashboard/jobs?worker=sim-1",
             "jobs, a page deep in": f"/dashboard/jobs?before={middle}",

@@ -58,6 +58,27 @@ pub struct JobFilter {
     pub limit: i64,
 }
 
+/// A page of the job list.
+#[derive(Debug, Clone)]
+pub struct JobPage {
+    pub jobs: Vec<JobRow>,
+    /// Set when the page stopped at its window before finding `limit` jobs: the oldest id
+    /// it looked at (the next page goes on below it).
+    pub scanned_down_to: Option<i64>,
+}
+
+/// The conditions on `jobs j0` itself (id and submitter: both indexed).
+fn push_job_bounds(q: &mut sqlx::QueryBuilder<sqlx::Postgres>, filter: &JobFilter) {
+    if let Some(before) = filter.before {
+        q.push(" AND j0.id < ").push_bind(before);
+    }
+    if let Some(name) = &filter.submitted_by {
+        q.push(" AND j0.submitted_by IN (SELECT id FROM tokens WHERE name = ")
+            .push_bind(name.clone())
+            .push(")");
+    }
+}
+
 /// One entry of a job's timeline.
 #[derive(Debug, Clone)]
 pub struct EventRow {
@@ -254,30 +275,78 @@ impl Store {
         job_row(row)
     }
 
-    /// Jobs newest first. Only the filters given are in the statement (not `$1 IS NULL OR
-    /// ...`), so each combination gets a plan that uses its index at any number of jobs.
+    /// Jobs newest first, at most `filter.limit`.
     pub async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
-        // JOB_COLUMNS and the conditions are constants: values are bound, never formatted.
-        let mut q = sqlx::QueryBuilder::new(format!("SELECT {JOB_COLUMNS} WHERE true"));
+        Ok(self.list_jobs_page(filter, None).await?.jobs)
+    }
+
+    /// A page of jobs, newest first. The page's ids are chosen first (`page`, with the limit
+    /// written into the statement: a generic plan that guesses a third of the table for
+    /// `LIMIT $n` scans all of it), then joined with their task, worker and token.
+    ///
+    /// `jobs.state` has no index (its updates stay HOT: migration 0007), and the worker is
+    /// on the task, so filtering by either reads jobs newest first. With `window`, such a
+    /// page looks at no more than that many jobs: a rare state then costs a bounded read,
+    /// and the page says how far down it looked (`scanned_down_to`) for the next to go on.
+    pub async fn list_jobs_page(&self, filter: &JobFilter, window: Option<i64>) -> Result<JobPage> {
+        let limit = filter.limit.clamp(1, 10_000);
+        let scans = filter.state.is_some() || filter.worker.is_some();
+        let window = window.filter(|_| scans).map(|w| w.clamp(limit, 1_000_000));
+        // Every piece of SQL text below is a constant or a number; values are bound.
+        let mut q =
+            sqlx::QueryBuilder::new("WITH win AS (SELECT j0.id, j0.state FROM jobs j0 WHERE true");
+        push_job_bounds(&mut q, filter);
+        q.push(" ORDER BY j0.id DESC");
+        // Without a state or worker filter every job the window reads is on the page.
+        match (scans, window) {
+            (false, _) => q.push(format!(" LIMIT {limit}")),
+            (true, Some(w)) => q.push(format!(" LIMIT {w}")),
+            (true, None) => &mut q,
+        };
+        q.push("), page AS (SELECT win.id FROM win");
+        if filter.worker.is_some() {
+            q.push(" JOIN tasks t0 ON t0.job_id = win.id AND t0.task_index = 0");
+        }
+        q.push(" WHERE true");
         if let Some(state) = filter.state {
-            q.push(" AND j.state = ").push_bind(state.as_str());
-        }
-        if let Some(before) = filter.before {
-            q.push(" AND j.id < ").push_bind(before);
-        }
-        if let Some(name) = &filter.submitted_by {
-            q.push(" AND j.submitted_by IN (SELECT id FROM tokens WHERE name = ")
-                .push_bind(name.clone())
-                .push(")");
+            q.push(" AND win.state = ").push_bind(state.as_str());
         }
         if let Some(name) = &filter.worker {
-            q.push(" AND t.worker_id IN (SELECT id FROM workers WHERE name = ")
+            q.push(" AND t0.worker_id IN (SELECT id FROM workers WHERE name = ")
                 .push_bind(name.clone())
                 .push(")");
         }
-        q.push(" ORDER BY j.id DESC LIMIT ").push_bind(filter.limit);
-        let rows = q.build().fetch_all(self.pool()).await?;
-        rows.into_iter().map(job_row).collect()
+        q.push(format!(" ORDER BY win.id DESC LIMIT {limit})"));
+        q.push(format!(
+            " SELECT {JOB_COLUMNS} JOIN page ON page.id = j.id ORDER BY j.id DESC"
+        ));
+        let jobs = q
+            .build()
+            .fetch_all(self.pool())
+            .await?
+            .into_iter()
+            .map(job_row)
+            .collect::<Result<Vec<_>>>()?;
+        let mut scanned_down_to = None;
+        if let Some(w) = window
+            && (jobs.len() as i64) < limit
+        {
+            // Fewer matches than asked: either the jobs ran out, or the window did.
+            let mut q = sqlx::QueryBuilder::new(
+                "SELECT min(id), count(*) FROM (SELECT j0.id FROM jobs j0 WHERE true",
+            );
+            push_job_bounds(&mut q, filter);
+            q.push(format!(" ORDER BY j0.id DESC LIMIT {w}) win"));
+            let row = q.build().fetch_one(self.pool()).await?;
+            let (oldest, looked): (Option<i64>, i64) = (row.get(0), row.get(1));
+            if looked == w {
+                scanned_down_to = oldest;
+            }
+        }
+        Ok(JobPage {
+            jobs,
+            scanned_down_to,
+        })
     }
 
     /// A job's events, oldest first: its timeline.

@@ -42,7 +42,7 @@ pub use calls::CallResult;
 pub use embedded::{EmbeddedError, EmbeddedPostgres};
 pub use gangs::{GangChoice, Placer, Rendezvous};
 pub use identity::ServerCertificate;
-pub use jobs::{EventRow, HeldDevice, JobFilter, JobRow, NodeRow};
+pub use jobs::{EventRow, HeldDevice, JobFilter, JobPage, JobRow, NodeRow};
 pub use logs::{LogCursor, StoredLine};
 pub use poll::{PollRound, RoundOutcome};
 pub use queue::{Claimed, PollContext, StopReason};

@@ -27,6 +27,10 @@ use store::{JobFilter, LogCursor};
 
 /// Jobs per page of the list.
 const PAGE: i64 = 50;
+/// The most jobs one page filtered by state or worker looks at (neither is indexed on jobs;
+/// see `Store::list_jobs_page`): a rare state costs a bounded read, and the page says how
+/// far it looked.
+const SCAN_WINDOW: i64 = 5_000;
 /// Lines a job page shows before the live stream takes over.
 const PAGE_LINES: i64 = 2000;
 
@@ -292,6 +296,7 @@ struct JobsPage {
     filtered: bool,
     jobs: Vec<JobLine>,
     older: Option<String>,
+    looked: Option<String>,
 }
 
 fn given(v: &Option<String>) -> Option<String> {
@@ -321,10 +326,20 @@ async fn jobs_page(
         before,
         limit: PAGE,
     };
-    let rows = app.store.list_jobs(&filter).await?;
+    let page = app.store.list_jobs_page(&filter, Some(SCAN_WINDOW)).await?;
+    let rows = page.jobs;
     let now = Utc::now();
-    let older = (rows.len() as i64 == PAGE).then(|| {
-        let last = rows.last().map(|r| r.id).unwrap_or_default();
+    let next_before = match page.scanned_down_to {
+        Some(oldest) => Some(oldest),
+        None if rows.len() as i64 == PAGE => rows.last().map(|r| r.id),
+        None => None,
+    };
+    let looked = page.scanned_down_to.map(|oldest| {
+        format!(
+            "This page looked at {SCAN_WINDOW} jobs, down to job {oldest}: state and worker filters read the newest jobs first, so older matches are on the next pages."
+        )
+    });
+    let older = next_before.map(|last| {
         let mut params: Vec<(&str, String)> = Vec::new();
         if let Some(s) = filter.state {
             params.push(("state", s.as_str().to_string()));
@@ -392,6 +407,7 @@ async fn jobs_page(
         filter_worker: filter.worker.unwrap_or_default(),
         jobs,
         older,
+        looked,
     })
 }
 

@@ -142,3 +142,65 @@ async fn the_job_list_filters_by_state_submitter_and_page() {
     .await;
     assert_eq!(all_pending.len(), 10);
 }
+
+#[tokio::test]
+async fn a_rare_state_is_looked_for_a_window_at_a_time_and_the_page_says_how_far() {
+    let store = store().await;
+    let spec = domain::fixtures::job(domain::Accelerator::Cpu);
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        ids.push(store.insert_job(&spec, None, None).await.unwrap());
+    }
+    store.cancel_job(ids[4], "test").await.unwrap();
+    let cancelled = |before: Option<i64>| JobFilter {
+        state: Some(domain::JobState::Cancelled),
+        before,
+        limit: 3,
+        ..Default::default()
+    };
+    let first = store
+        .list_jobs_page(&cancelled(None), Some(10))
+        .await
+        .unwrap();
+    assert!(first.jobs.is_empty());
+    assert_eq!(
+        first.scanned_down_to,
+        Some(ids[20]),
+        "looked at the newest ten"
+    );
+    let second = store
+        .list_jobs_page(&cancelled(first.scanned_down_to), Some(10))
+        .await
+        .unwrap();
+    assert!(second.jobs.is_empty());
+    assert_eq!(second.scanned_down_to, Some(ids[10]));
+    let third = store
+        .list_jobs_page(&cancelled(second.scanned_down_to), Some(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        third.jobs.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![ids[4]]
+    );
+    // Without a window the same filter reads until it has its page or the jobs run out.
+    let whole = store.list_jobs_page(&cancelled(None), None).await.unwrap();
+    assert_eq!(whole.jobs.len(), 1);
+    assert_eq!(whole.scanned_down_to, None);
+    // Unfiltered pages are plain keyset pages and never report a window.
+    let plain = store
+        .list_jobs_page(
+            &JobFilter {
+                limit: 5,
+                before: Some(ids[10]),
+                ..Default::default()
+            },
+            Some(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.jobs.iter().map(|j| j.id).collect::<Vec<_>>(),
+        ids[5..10].iter().rev().copied().collect::<Vec<_>>()
+    );
+    assert_eq!(plain.scanned_down_to, None);
+}
