@@ -1,5 +1,5 @@
-//! The leader loop: one replica at a time holds the advisory lock, rescues lost workers and
-//! prunes finished jobs past their retention.
+//! The leader loop: one replica at a time holds the advisory lock, rescues lost workers,
+//! samples the queue for the dashboard and prunes finished jobs past their retention.
 
 use crate::server::AppState;
 use object_store::ObjectStoreExt;
@@ -10,6 +10,8 @@ use store::leader::Leadership;
 /// delete short, so it never holds back vacuum or blocks claims for long.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 const PRUNE_BATCH: i64 = 5_000;
+/// How often the leader counts the queue for the dashboard's pictures.
+const SAMPLE_EVERY: Duration = Duration::from_secs(15);
 
 /// The sweep runs several times per lease so a lost worker is noticed soon after its lease
 /// ends, but at least every 5 s and at most every 250 ms.
@@ -22,6 +24,7 @@ pub async fn run(app: AppState) {
     let (store, lease) = (app.store.clone(), app.config.lease);
     let interval = sweep_interval(lease);
     let mut last_prune = tokio::time::Instant::now();
+    let mut last_sample: Option<tokio::time::Instant> = None;
     let mut leadership: Option<Leadership> = None;
     loop {
         if leadership.is_none() {
@@ -46,6 +49,12 @@ pub async fn run(app: AppState) {
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "rescue sweep failed"),
+                }
+                if last_sample.is_none_or(|at| at.elapsed() >= SAMPLE_EVERY) {
+                    last_sample = Some(tokio::time::Instant::now());
+                    if let Err(e) = store.record_queue_sample().await {
+                        tracing::warn!(error = %e, "sampling the queue failed");
+                    }
                 }
                 if last_prune.elapsed() >= PRUNE_EVERY {
                     last_prune = tokio::time::Instant::now();

@@ -94,6 +94,10 @@ def test_a_submitter_opens_the_dashboard_by_link_watches_live_logs_and_cancels(s
     cookies = {c["name"]: c for c in ctx.cookies()}
     session = cookies["gpulayer_session"]
     assert session["httpOnly"] and session["secure"] and session["sameSite"] == "Strict", session
+    # The leader counts the queue when it takes the lead: the pictures are there.
+    page.reload()
+    expect(page.locator("#queue-chart svg polyline")).to_have_count(2)
+    expect(page.locator("#finished-chart svg rect.bar")).to_have_count(60)
     page.screenshot(path=str(SCREENSHOTS / "jobs.png"), full_page=True)
 
     # The link works once.
@@ -155,6 +159,9 @@ def test_a_read_only_token_logged_in_by_the_form_sees_no_cancel_button_and_canno
     assert state in ("assigned", "running"), state
     page.goto(server.url + "/dashboard/workers")
     expect(page.locator("section.worker")).to_have_count(1)
+    # The picture of the worker's slots shows the running ticker as a held bar named by job.
+    titles = page.locator("figure.occupancy svg rect.held title").all_text_contents()
+    assert f"job {job} (running)" in titles, titles
     page.screenshot(path=str(SCREENSHOTS / "workers.png"), full_page=True)
     ctx.close()
     server.cli("cancel", str(job))

@@ -109,9 +109,70 @@ fn greedy(free: &[u32], k: usize, topology: &Topology) -> Vec<u32> {
     chosen
 }
 
+/// Why a job holds `chosen` (device indices) on a worker with `topology`, in words for its
+/// page: the one free device, the lowest free indices (no interconnect matrix), or the
+/// slowest link inside the subset, which `choose` made as fast as the free devices allowed.
+pub fn why(chosen: &[u32], topology: Option<&Topology>) -> String {
+    if chosen.len() <= 1 {
+        return if chosen.is_empty() {
+            String::new()
+        } else {
+            "a free device".into()
+        };
+    }
+    let Some(t) = topology.filter(|t| chosen.iter().all(|&d| (d as usize) < t.gpus())) else {
+        return "the lowest free indices (the worker reported no interconnect matrix)".into();
+    };
+    let mut slowest: Option<domain::Link> = None;
+    for (i, &a) in chosen.iter().enumerate() {
+        for &b in &chosen[i + 1..] {
+            let link = t.link(a as usize, b as usize);
+            if slowest.is_none_or(|s| link.score() < s.score()) {
+                slowest = Some(link);
+            }
+        }
+    }
+    let link = slowest.unwrap_or(domain::Link::SelfLink);
+    let words = match link {
+        domain::Link::NvLink(_) => "NVLink",
+        domain::Link::Pix => "one PCIe switch",
+        domain::Link::Pxb => "several PCIe switches",
+        domain::Link::Phb => "a PCIe host bridge",
+        domain::Link::Node => "across host bridges of one NUMA node",
+        domain::Link::Sys => "across CPU sockets",
+        domain::Link::SelfLink => "the same device",
+    };
+    format!(
+        "slowest link between them {link} ({words}): the free subset whose slowest link is fastest"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn why_names_the_slowest_link_of_the_subset_or_the_reason_there_is_none() {
+        use domain::Link::{NvLink, SelfLink, Sys};
+        let t = Topology::new(vec![
+            vec![SelfLink, NvLink(12), Sys],
+            vec![NvLink(12), SelfLink, Sys],
+            vec![Sys, Sys, SelfLink],
+        ])
+        .unwrap();
+        let table: [(&[u32], Option<&Topology>, &str); 5] = [
+            (&[0, 1], Some(&t), "slowest link between them NV12 (NVLink)"),
+            (&[0, 1, 2], Some(&t), "SYS (across CPU sockets)"),
+            (&[2], Some(&t), "a free device"),
+            (&[0, 1], None, "no interconnect matrix"),
+            (&[0, 7], Some(&t), "no interconnect matrix"),
+        ];
+        for (chosen, topology, want) in table {
+            let got = why(chosen, topology);
+            assert!(got.contains(want), "{chosen:?}: {got}");
+        }
+        assert_eq!(why(&[], None), "");
+    }
 
     #[test]
     fn without_a_topology_the_lowest_free_indices_win() {

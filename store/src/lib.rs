@@ -18,6 +18,7 @@
 //! - [`tokens`] — bearer tokens, stored as sha256 only.
 //! - [`sessions`] — the dashboard's one-time login links and browser sessions.
 //! - [`identity`] — the TLS certificate every replica presents.
+//! - [`history`] — the queue sampled over time and recent task spans, for the dashboard.
 //! - [`blobs`] — which content-addressed sources are stored.
 //! - [`wakeups`] — NOTIFY channels and the listener.
 //! - [`leader`] — the advisory-lock leader that runs sweeps.
@@ -26,6 +27,7 @@ pub mod blobs;
 pub mod calls;
 pub mod embedded;
 pub mod gangs;
+pub mod history;
 pub mod identity;
 pub mod jobs;
 pub mod leader;
@@ -41,6 +43,7 @@ pub mod workers;
 pub use calls::CallResult;
 pub use embedded::{EmbeddedError, EmbeddedPostgres};
 pub use gangs::{GangChoice, Placer, Rendezvous};
+pub use history::{QueueSample, TaskSpan};
 pub use identity::ServerCertificate;
 pub use jobs::{EventRow, HeldDevice, JobFilter, JobPage, JobRow, NodeRow};
 pub use logs::{LogCursor, StoredLine};

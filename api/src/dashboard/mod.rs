@@ -3,6 +3,7 @@
 //! and who holds them, framework checks), login by one-time link or token, cancel for roles
 //! that may. Server-rendered with askama; only the live logs use a script.
 
+mod charts;
 mod format;
 pub mod session;
 
@@ -297,7 +298,13 @@ struct JobsPage {
     jobs: Vec<JobLine>,
     older: Option<String>,
     looked: Option<String>,
+    /// SVG, built from numbers and escaped names.
+    queue_chart: String,
+    finished_chart: String,
 }
+
+/// The window the pictures cover.
+const PICTURE_MINUTES: i64 = 60;
 
 fn given(v: &Option<String>) -> Option<String> {
     v.as_deref()
@@ -380,6 +387,24 @@ async fn jobs_page(
             command: format::command(r.spec.command.argv()),
         })
         .collect();
+    let from = now - chrono::Duration::minutes(PICTURE_MINUTES);
+    let samples = app.store.queue_samples(from).await?;
+    let (queue_chart, finished_chart) = if samples.is_empty() {
+        (String::new(), String::new())
+    } else {
+        let (waiting, running, finished) =
+            charts::per_minute(&samples, from, PICTURE_MINUTES as usize);
+        (
+            charts::lines(
+                &[
+                    ("waiting", "pending", waiting),
+                    ("running", "running", running),
+                ],
+                PICTURE_MINUTES,
+            ),
+            charts::bars("finished", &finished, PICTURE_MINUTES),
+        )
+    };
     let states = [
         JobState::Pending,
         JobState::Assigned,
@@ -408,6 +433,8 @@ async fn jobs_page(
         jobs,
         older,
         looked,
+        queue_chart,
+        finished_chart,
     })
 }
 
@@ -551,16 +578,24 @@ async fn job_page(
     let placement = match (&view.worker, &view.placed) {
         (_, Some(placed)) => placed.clone(),
         (Some(w), None) if view.devices.is_empty() => format!("worker {}", w.name),
-        (Some(w), None) => format!(
-            "worker {}, {} device(s) {}",
-            w.name,
-            view.accelerator,
-            view.devices
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        (Some(w), None) => {
+            // Why these devices: the worker's interconnect matrix says what `choose` saw.
+            let topology = match row.worker_id {
+                Some(id) => app.store.worker(id).await?.inventory.topology,
+                None => None,
+            };
+            format!(
+                "worker {}, {} {} — {}",
+                w.name,
+                view.accelerator,
+                view.devices
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                scheduler::devices::why(&view.devices, topology.as_ref())
+            )
+        }
         (None, None) => "not placed yet".into(),
     };
     let outputs_ready = view.outputs_bytes.is_some()
@@ -792,6 +827,8 @@ struct WorkerCard {
     labels: Vec<(String, String)>,
     devices: Vec<DeviceLine>,
     frameworks: Vec<FrameworkLine>,
+    /// SVG: its devices (or slots) held over the last hour.
+    occupancy: String,
 }
 
 #[derive(Template)]
@@ -804,9 +841,14 @@ struct WorkersPage {
     workers: Vec<WorkerCard>,
 }
 
+/// The newest tasks the occupancy pictures look at (besides every running one).
+const PICTURE_TASKS: i64 = 5_000;
+
 async fn workers_page(State(app): State<AppState>, viewer: Viewer) -> PageResult<Response> {
     let now = Utc::now();
+    let from = now - chrono::Duration::minutes(PICTURE_MINUTES);
     let held = app.store.held_devices().await?;
+    let spans = app.store.recent_task_spans(from, PICTURE_TASKS).await?;
     let workers = app
         .store
         .list_workers()
@@ -846,7 +888,50 @@ async fn workers_page(State(app): State<AppState>, viewer: Viewer) -> PageResult
                     },
                 })
                 .collect();
+            let mine = spans.iter().filter(|s| s.worker_id == w.id);
+            let gpus: Vec<&domain::Device> = inv
+                .devices
+                .iter()
+                .filter(|d| d.kind.needs_device())
+                .collect();
+            let occupancy = if gpus.is_empty() {
+                let lanes: Vec<String> = (0..w.slots).map(|i| format!("slot {i}")).collect();
+                let holds = charts::slot_lanes(
+                    mine.map(|s| charts::Hold {
+                        lane: 0,
+                        from: s.started_at,
+                        to: s.finished_at,
+                        job: s.job_id,
+                        state: s.state.clone(),
+                    })
+                    .collect(),
+                    lanes.len(),
+                );
+                charts::occupancy(&lanes, &holds, from, now)
+            } else {
+                let lanes: Vec<String> = gpus
+                    .iter()
+                    .map(|d| format!("{}:{}", d.kind, d.index))
+                    .collect();
+                let holds: Vec<charts::Hold> = mine
+                    .flat_map(|s| {
+                        s.devices.iter().filter_map(|dev| {
+                            gpus.iter()
+                                .position(|g| g.index == *dev)
+                                .map(|lane| charts::Hold {
+                                    lane,
+                                    from: s.started_at,
+                                    to: s.finished_at,
+                                    job: s.job_id,
+                                    state: s.state.clone(),
+                                })
+                        })
+                    })
+                    .collect();
+                charts::occupancy(&lanes, &holds, from, now)
+            };
             WorkerCard {
+                occupancy,
                 host: format!(
                     "{} ({} {}) · {} CPUs · {}",
                     inv.hostname,

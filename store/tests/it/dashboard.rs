@@ -204,3 +204,25 @@ async fn a_rare_state_is_looked_for_a_window_at_a_time_and_the_page_says_how_far
     );
     assert_eq!(plain.scanned_down_to, None);
 }
+
+#[tokio::test]
+async fn the_queue_is_sampled_with_what_waits_and_a_running_task_has_a_span() {
+    let store = store().await;
+    let spec = domain::fixtures::job(domain::Accelerator::Cpu);
+    for _ in 0..3 {
+        store.insert_job(&spec, None, None).await.unwrap();
+    }
+    let since = chrono::Utc::now() - chrono::Duration::minutes(1);
+    store.record_queue_sample().await.unwrap();
+    let samples = store.queue_samples(since).await.unwrap();
+    assert_eq!(samples.len(), 1);
+    assert_eq!(
+        (samples[0].pending, samples[0].running, samples[0].finished),
+        (3, 0, 0)
+    );
+    let (_, w, c) = crate::queue::running_job(&store, "w").await;
+    let spans = store.recent_task_spans(since, 100).await.unwrap();
+    assert_eq!(spans.len(), 1, "only the running task has started");
+    assert_eq!((spans[0].worker_id, spans[0].job_id), (w, c.job_id));
+    assert_eq!(spans[0].state, "running");
+}
