@@ -82,10 +82,11 @@ impl Store {
         let newest = newest.clamp(1, 100_000);
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT worker_id, job_id, devices, state, started_at, finished_at FROM (
-                 SELECT * FROM tasks ORDER BY id DESC LIMIT {newest}) t
-             WHERE worker_id IS NOT NULL AND started_at IS NOT NULL
-               AND (finished_at IS NULL OR finished_at > $1)
-             UNION
+                 SELECT worker_id, job_id, devices, state, started_at, finished_at FROM tasks
+                 ORDER BY id DESC LIMIT {newest}) t
+             WHERE state NOT IN ('pending', 'assigned', 'running') AND worker_id IS NOT NULL
+               AND started_at IS NOT NULL AND finished_at > $1
+             UNION ALL
              SELECT worker_id, job_id, devices, state, started_at, finished_at FROM tasks
              WHERE state IN ('assigned', 'running') AND worker_id IS NOT NULL
                AND started_at IS NOT NULL"

@@ -69,21 +69,54 @@ pub(crate) fn occupancy(
             LANE - 2.0
         );
     }
+    // Holds closer than a pixel merge into one bar (thousands of short tasks on a lane are
+    // a solid run, not thousands of slivers), titled with how many jobs and the first few.
+    let mut lanes_holds: Vec<Vec<&Hold>> = vec![Vec::new(); lanes.len()];
     for h in holds.iter().filter(|h| h.lane < lanes.len()) {
-        let start = position(h.from, from, to);
-        let end = position(h.to.unwrap_or(to), from, to);
-        // A task of a few milliseconds still shows, as a sliver.
-        let width = ((end - start) * WIDTH).max(1.0);
-        let _ = write!(
-            svg,
-            r#"<rect class="held {}" x="{:.1}" y="{}" width="{width:.1}" height="{}"><title>job {} ({})</title></rect>"#,
-            escape(&h.state),
-            LABEL + start * WIDTH,
-            h.lane as f64 * LANE + 1.0,
-            LANE - 2.0,
-            h.job,
-            escape(&h.state)
-        );
+        lanes_holds[h.lane].push(h);
+    }
+    for (lane, mut list) in lanes_holds.into_iter().enumerate() {
+        list.sort_by_key(|h| h.from);
+        let mut runs: Vec<(f64, f64, Vec<&Hold>)> = Vec::new();
+        for h in list {
+            let start = position(h.from, from, to) * WIDTH;
+            let end = (position(h.to.unwrap_or(to), from, to) * WIDTH).max(start + 1.0);
+            match runs.last_mut() {
+                Some(run) if start <= run.1 + 1.0 => {
+                    run.1 = run.1.max(end);
+                    run.2.push(h);
+                }
+                _ => runs.push((start, end, vec![h])),
+            }
+        }
+        for (start, end, members) in runs {
+            let (class, title) = match members.as_slice() {
+                [one] => (
+                    escape(&one.state),
+                    format!("job {} ({})", one.job, escape(&one.state)),
+                ),
+                many => {
+                    let first: Vec<String> = many
+                        .iter()
+                        .take(5)
+                        .map(|h| format!("job {} ({})", h.job, escape(&h.state)))
+                        .collect();
+                    let more = if many.len() > 5 { ", …" } else { "" };
+                    (
+                        "many".to_string(),
+                        format!("{} jobs: {}{more}", many.len(), first.join(", ")),
+                    )
+                }
+            };
+            let _ = write!(
+                svg,
+                r#"<rect class="held {class}" x="{:.1}" y="{}" width="{:.1}" height="{}"><title>{title}</title></rect>"#,
+                LABEL + start,
+                lane as f64 * LANE + 1.0,
+                (end - start).max(1.0),
+                LANE - 2.0,
+            );
+        }
     }
     time_axis(&mut svg, height, (to - from).num_minutes());
     svg.push_str("</svg>");
@@ -229,6 +262,32 @@ mod tests {
         assert!(svg.contains(r#"x="440.0" y="17" width="360.0""#), "{svg}");
         assert!(svg.contains("<title>job 42 (running)</title>"));
         assert!(svg.contains("cuda:&lt;1&gt;"), "names are escaped");
+    }
+
+    #[test]
+    fn short_tasks_closer_than_a_pixel_merge_into_one_bar_naming_them() {
+        let to = Utc::now();
+        let from = to - Duration::minutes(60);
+        let holds: Vec<Hold> = (0..1000)
+            .map(|i| Hold {
+                lane: 0,
+                from: from + Duration::milliseconds(600_000 + i * 10),
+                to: Some(from + Duration::milliseconds(600_000 + i * 10 + 5)),
+                job: i,
+                state: "succeeded".into(),
+            })
+            .chain(std::iter::once(Hold {
+                lane: 0,
+                from: from + Duration::minutes(40),
+                to: None,
+                job: 5000,
+                state: "running".into(),
+            }))
+            .collect();
+        let svg = occupancy(&["slot 0".into()], &holds, from, to);
+        assert_eq!(svg.matches("<rect class=\"held").count(), 2, "{svg}");
+        assert!(svg.contains("<title>1000 jobs: job 0 (succeeded), job 1 (succeeded)"));
+        assert!(svg.contains("<title>job 5000 (running)</title>"));
     }
 
     #[test]

@@ -842,7 +842,7 @@ struct WorkersPage {
 }
 
 /// The newest tasks the occupancy pictures look at (besides every running one).
-const PICTURE_TASKS: i64 = 5_000;
+const PICTURE_TASKS: i64 = 2_000;
 
 async fn workers_page(State(app): State<AppState>, viewer: Viewer) -> PageResult<Response> {
     let now = Utc::now();
